@@ -1,0 +1,30 @@
+# Kelvin's two commands: `make up` runs Kelvin end to end; `make test` runs every test.
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: up test lint typecheck bench install clean
+
+install:
+	@scripts/bootstrap.sh
+
+up: install
+	$(BIN)/kelvin up $(ARGS)
+
+test:
+	@scripts/bootstrap.sh test,plugins
+	@scripts/install-peers.sh
+	$(BIN)/ruff check services tests benchmarks
+	$(BIN)/ruff format --check services tests benchmarks
+	$(BIN)/python -m pytest -q -ra
+
+lint:
+	$(BIN)/ruff check services tests benchmarks
+	$(BIN)/mypy
+
+bench:
+	@scripts/bootstrap.sh test,plugins
+	@scripts/install-peers.sh
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache test-artifacts

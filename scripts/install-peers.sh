@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install the real third-party servers the tests talk to, from Debian's packages,
+# when they are missing. Never fatal: tests that need a missing server fail in CI
+# (CI=true) and skip elsewhere, with the reason.
+set -uo pipefail
+need=()
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/bin/$1" ]; }
+have mosquitto || need+=(mosquitto)
+have mosquitto_pub || need+=(mosquitto-clients)
+have influxd || need+=(influxdb)
+have prometheus || need+=(prometheus)
+have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have snmpd || need+=(snmpd)
+have snmpget || need+=(snmp)
+have ipmitool || need+=(ipmitool)
+have chromium || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+    echo "install-peers: not root and no sudo; missing: ${need[*]}" >&2; exit 0
+  fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-peers: no apt-get; install these yourself: ${need[*]}" >&2; exit 0
+fi
+echo "install-peers: installing ${need[*]}" >&2
+$sudo apt-get update -qq >/dev/null 2>&1 || true
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+  || echo "install-peers: apt-get failed for: ${need[*]}" >&2
+# Debian starts some of these as system services where an init system runs; the
+# tests start their own on free ports, so the system copies are not needed.
+exit 0

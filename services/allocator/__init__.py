@@ -1,0 +1,1 @@
+"""Kelvin allocator."""

@@ -1,0 +1,256 @@
+"""The ``kelvin`` command: every service and tool behind one CLI.
+
+``kelvin run <service>`` starts one service as its container does; ``kelvin up``
+runs all four in one process on the embedded defaults (the collect agent is
+the MQTT endpoint, storage is SQLite under ``--data-dir``). Tool commands
+(``query``, ``config``, ``csvimport``, ``allocator ...``, ``plugin ...``) are
+registered by each service's ``cli`` module.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from services.common import logs
+from services.common.errors import ConfigError, KelvinError, PortInUseError
+from services.common.service import Service, install_stop_signals, run_services
+from services.common.settings import Config, LoggingSettings
+
+log = logging.getLogger("kelvin")
+
+SERVICES: dict[str, str] = {
+    "collect-agent": "services.collect_agent.app",
+    "query-api": "services.query_api.app",
+    "allocator": "services.allocator.app",
+    "pusher": "services.pusher.app",
+}
+"""CLI name -> module with ``create_service(config) -> Service``, in ``kelvin up`` start order."""
+
+SECTIONS = {"storage", "logging", "collect_agent", "query_api", "allocator", "pusher"}
+
+TOOL_MODULES = (
+    "services.query_api.cli",
+    "services.allocator.cli",
+    "services.pusher.cli",
+    "services.collect_agent.cli",
+    "services.common.storage.cli",
+)
+"""Modules exposing ``register(subparsers, groups)`` to add tool commands."""
+
+
+def _service_flags(p: argparse.ArgumentParser, up: bool) -> None:
+    g = p.add_argument_group("configuration")
+    g.add_argument(
+        "--config", metavar="FILE", type=Path, help="YAML configuration file (all services)"
+    )
+    g.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        type=Path,
+        help="where SQLite, the spool and allocator state live",
+    )
+    g.add_argument("--host", help="bind address (default 127.0.0.1 for 'up', 0.0.0.0 for 'run')")
+    g.add_argument(
+        "--mqtt-port", type=int, metavar="PORT", help="collect agent MQTT port (default 1883)"
+    )
+    g.add_argument(
+        "--collect-agent-port",
+        type=int,
+        metavar="PORT",
+        help="collect agent HTTP port (default 8081)",
+    )
+    g.add_argument(
+        "--pusher-port", type=int, metavar="PORT", help="pusher HTTP port (default 8082)"
+    )
+    g.add_argument(
+        "--query-api-port", type=int, metavar="PORT", help="query API HTTP port (default 8080)"
+    )
+    g.add_argument(
+        "--allocator-port", type=int, metavar="PORT", help="allocator HTTP port (default 8083)"
+    )
+    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
+    if up:
+        g.add_argument(
+            "--demo",
+            action="store_true",
+            help="simulated hall + job stream: the allocator places jobs, the pusher measures the hall",
+        )
+        g.add_argument(
+            "--policy", help="allocation policy for --demo (mpit, mc1x1, joint, first-fit, random)"
+        )
+        g.add_argument("--seed", type=int, help="job-stream seed for --demo")
+
+
+def build_config(args: argparse.Namespace, profile: str) -> Config:
+    """Map CLI flags onto the settings of every service they concern."""
+    cfg = Config(args.config)
+    cfg.check_sections(SECTIONS)
+    cfg.profile = profile
+    host = args.host or ("127.0.0.1" if profile in ("up", "demo") else None)
+    if host:
+        for sec in ("collect_agent", "query_api", "allocator", "pusher"):
+            cfg.set(sec, "host", host, "--host")
+    loop_host = "127.0.0.1" if host in (None, "0.0.0.0", "::") else host
+    if args.data_dir:
+        d = Path(args.data_dir)
+        cfg.set(
+            "storage",
+            "sqlite",
+            {**cfg.section("storage").get("sqlite", {}), "path": str(d / "kelvin.sqlite")},
+            "--data-dir",
+        )
+        cfg.set("collect_agent", "spool_dir", str(d / "spool"), "--data-dir")
+        cfg.set("allocator", "state_dir", str(d / "allocator"), "--data-dir")
+        cfg.set("pusher", "state_dir", str(d / "pusher"), "--data-dir")
+    if args.mqtt_port is not None:
+        cfg.set("collect_agent", "mqtt_port", args.mqtt_port, "--mqtt-port")
+        cfg.set("pusher", "brokers", [f"{loop_host}:{args.mqtt_port}"], "--mqtt-port")
+        cfg.set("allocator", "brokers", [f"{loop_host}:{args.mqtt_port}"], "--mqtt-port")
+    if args.collect_agent_port is not None:
+        cfg.set("collect_agent", "port", args.collect_agent_port, "--collect-agent-port")
+        cfg.set(
+            "query_api",
+            "collect_agent_url",
+            f"http://{loop_host}:{args.collect_agent_port}",
+            "--collect-agent-port",
+        )
+    if args.pusher_port is not None:
+        cfg.set("pusher", "port", args.pusher_port, "--pusher-port")
+    if args.query_api_port is not None:
+        cfg.set("query_api", "port", args.query_api_port, "--query-api-port")
+        cfg.set(
+            "allocator",
+            "query_api_url",
+            f"http://{loop_host}:{args.query_api_port}",
+            "--query-api-port",
+        )
+    if args.allocator_port is not None:
+        cfg.set("allocator", "port", args.allocator_port, "--allocator-port")
+        cfg.set(
+            "query_api",
+            "allocator_url",
+            f"http://{loop_host}:{args.allocator_port}",
+            "--allocator-port",
+        )
+        cfg.set(
+            "pusher",
+            "allocator_url",
+            f"http://{loop_host}:{args.allocator_port}",
+            "--allocator-port",
+        )
+    if args.log_level:
+        cfg.set("logging", "level", args.log_level, "--log-level")
+    if getattr(args, "policy", None):
+        cfg.set("allocator", "policy", args.policy, "--policy")
+    if getattr(args, "seed", None) is not None:
+        cfg.set("allocator", "demo_seed", args.seed, "--seed")
+    return cfg
+
+
+def _create(name: str, cfg: Config) -> Service:
+    module = importlib.import_module(SERVICES[name])
+    svc: Service = module.create_service(cfg)
+    return svc
+
+
+async def _serve(names: Sequence[str], cfg: Config) -> None:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    services = [_create(n, cfg) for n in names]
+    await run_services(services, stop)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cfg = build_config(args, "run")
+    return _start([args.service], cfg)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    cfg = build_config(args, "demo" if args.demo else "up")
+    return _start(list(SERVICES), cfg)
+
+
+def _start(names: Sequence[str], cfg: Config) -> int:
+    logset = cfg.load(LoggingSettings)
+    logs.setup(logset.level, logset.json_format)
+    try:
+        asyncio.run(_serve(names, cfg))
+    except PortInUseError as exc:
+        print(f"kelvin: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kelvin",
+        description="Kelvin: holistic HPC data-center monitoring and thermal-aware job placement.",
+    )
+    parser.add_argument("--version", action="version", version=f"kelvin {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser(
+        "run", help="run one service (as its container does)", description="Run one Kelvin service."
+    )
+    run.add_argument("service", choices=list(SERVICES), help="which service")
+    _service_flags(run, up=False)
+    run.set_defaults(func=_cmd_run)
+
+    up = sub.add_parser(
+        "up",
+        help="run every service in one process on the embedded defaults",
+        description="Run pusher, collect agent (as MQTT endpoint), query API and allocator in one "
+        "process with SQLite storage under --data-dir.",
+    )
+    _service_flags(up, up=True)
+    up.set_defaults(func=_cmd_up)
+
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for mod_name in TOOL_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod_name:
+                continue
+            raise
+        register: Callable[[Any, dict[str, Any]], None] = mod.register
+        register(sub, groups)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kelvin")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except ConfigError as exc:
+        print(f"kelvin: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KelvinError as exc:
+        print(f"kelvin: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

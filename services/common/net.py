@@ -1,0 +1,43 @@
+"""Listening sockets with a clear error when a port is taken."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from services.common.errors import PortInUseError
+
+
+def bind_tcp(
+    host: str, port: int, what: str, flag: str | None = None, backlog: int = 1024
+) -> socket.socket:
+    """Bind and listen; raise PortInUseError naming the service, port and flag.
+
+    ``port`` 0 picks a free port (tests); read it back with ``sock.getsockname()``.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # REUSEADDR only skips TIME_WAIT of our own past runs; it does not let
+        # two live listeners share a port on Linux (that would be REUSEPORT).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        hint = f"; choose another with {flag}" if flag else ""
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"{what}: port {port} on {host} is already in use by another process{hint}"
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise PortInUseError(f"{what}: no permission to listen on {host}:{port}{hint}") from exc
+        raise PortInUseError(
+            f"{what}: cannot listen on {host}:{port}: {exc.strerror}{hint}"
+        ) from exc
+    sock.setblocking(False)
+    return sock
+
+
+def bound_port(sock: socket.socket) -> int:
+    return int(sock.getsockname()[1])

@@ -1,0 +1,177 @@
+"""The storage protocol every backend implements (SQLite, InfluxDB, sharded).
+
+All methods are async. Times are int64 ns since the epoch; ranges are
+half-open ``[start_ns, end_ns)``. Writes are idempotent: a reading with the
+same sensor and timestamp as a stored one replaces it (last write wins), so a
+redelivered batch never duplicates. Failures raise
+:class:`~services.common.errors.RetryableStorageError` (try later) or
+:class:`~services.common.errors.PermanentStorageError` (do not retry).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from services.common.readings import Batch, Float64Array, Int64Array, Series
+from services.common.sensors import JobRecord, SensorMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """One entry when browsing the hierarchy under a prefix."""
+
+    name: str
+    """Full name, e.g. ``/dc/row0`` under prefix ``/dc``."""
+    is_sensor: bool
+    """Readings (or metadata) are stored under exactly this name."""
+    has_children: bool
+    """Names exist below it."""
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualResults:
+    """Stored results of a virtual sensor that intersect a requested range."""
+
+    covered: list[tuple[int, int]]
+    """Sorted, non-overlapping ``[start, end)`` sub-ranges that were computed and stored."""
+    series: Series
+    """Stored points inside the requested range (within ``covered``)."""
+    computed_at_ns: list[int] = field(default_factory=list)
+    """Wall-clock time each covered range was computed (parallel to ``covered``)."""
+
+
+class StorageBackend(ABC):
+    """The one storage interface of Kelvin."""
+
+    kind: ClassVar[str] = "abstract"
+
+    # ------------------------------------------------------------------ lifecycle
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect / create the schema. Raise RetryableStorageError if unreachable."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Flush and release connections. Idempotent."""
+
+    async def ping(self) -> bool:
+        """True when the backend answers (readiness)."""
+        return True
+
+    # ------------------------------------------------------------------ readings
+    @abstractmethod
+    async def write(self, batch: Batch) -> None:
+        """Store every reading of ``batch`` atomically (all or nothing) and idempotently."""
+
+    @abstractmethod
+    async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
+        """Readings of one sensor in ``[start_ns, end_ns)``, ascending, no duplicates.
+
+        An unknown sensor gives an empty series; use :meth:`has_sensor` to tell apart.
+        """
+
+    async def read_many(
+        self, sensors: Sequence[str], start_ns: int, end_ns: int
+    ) -> dict[str, Series]:
+        """Several sensors at once (backends override to fan out / batch)."""
+        return {s: await self.read(s, start_ns, end_ns) for s in sensors}
+
+    @abstractmethod
+    async def latest(self, sensor: str) -> tuple[int, float] | None:
+        """The newest stored reading of a sensor, or None."""
+
+    # ------------------------------------------------------------------ hierarchy
+    @abstractmethod
+    async def has_sensor(self, sensor: str) -> bool:
+        """A sensor with readings or metadata exists under exactly this name."""
+
+    @abstractmethod
+    async def sensors(self, prefix: str = "/") -> list[str]:
+        """Every sensor name under ``prefix`` (inclusive), sorted."""
+
+    @abstractmethod
+    async def children(self, prefix: str = "/") -> list[Child]:
+        """Direct children of ``prefix`` in the hierarchy, sorted by name."""
+
+    # ------------------------------------------------------------------ metadata
+    @abstractmethod
+    async def get_metadata(self, sensor: str) -> SensorMetadata | None: ...
+
+    @abstractmethod
+    async def put_metadata(self, meta: SensorMetadata) -> None:
+        """Create or merge: fields set in ``meta`` replace stored ones."""
+
+    @abstractmethod
+    async def list_metadata(self, prefix: str = "/") -> list[SensorMetadata]: ...
+
+    # ------------------------------------------------------------------ virtual sensors
+    @abstractmethod
+    async def put_virtual(self, name: str, definition: dict[str, Any]) -> None:
+        """Store a virtual-sensor definition (opaque JSON-able dict, owned by the query API)."""
+
+    @abstractmethod
+    async def get_virtual(self, name: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    async def list_virtual(self) -> dict[str, dict[str, Any]]: ...
+
+    @abstractmethod
+    async def delete_virtual(self, name: str) -> bool:
+        """Delete a definition and its stored results; False if it did not exist."""
+
+    @abstractmethod
+    async def write_virtual_results(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        timestamps_ns: Int64Array,
+        values: Float64Array,
+        computed_at_ns: int,
+    ) -> None:
+        """Store computed points and mark ``[start_ns, end_ns)`` as covered."""
+
+    @abstractmethod
+    async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
+        """Stored coverage and points intersecting ``[start_ns, end_ns)``."""
+
+    @abstractmethod
+    async def invalidate_virtual(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Forget stored results (coverage and points) inside ``[start_ns, end_ns)``."""
+
+    @abstractmethod
+    async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
+        """For sensors written to after wall-clock ``since_ns``: the smallest reading
+        timestamp among those writes. Lets the query API find late data that
+        invalidates stored virtual results."""
+
+    # ------------------------------------------------------------------ jobs
+    @abstractmethod
+    async def put_job(self, job: JobRecord) -> None:
+        """Create or update (job start, then job end) by (domain_id, job_id)."""
+
+    @abstractmethod
+    async def jobs(
+        self, start_ns: int | None = None, end_ns: int | None = None, node: str | None = None
+    ) -> list[JobRecord]:
+        """Jobs overlapping ``[start_ns, end_ns)`` (running jobs overlap any later time)."""
+
+    # ------------------------------------------------------------------ retention
+    @abstractmethod
+    async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
+        """Delete readings of one sensor in a range; returns how many (or -1 if unknown)."""
+
+    @abstractmethod
+    async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:
+        """Delete every reading older than ``ts_ns`` under ``prefix``."""
+
+    @abstractmethod
+    async def apply_retention(self, now_ns: int) -> int:
+        """Delete readings older than each sensor's ``ttl_ms``."""
+
+    @abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """Sizes and counts for operators (``kelvin config db stats``)."""

@@ -1,0 +1,90 @@
+"""Storage configuration: which backend, and how to reach it.
+
+YAML section ``storage``; env prefix ``KELVIN_STORAGE_`` (nested with ``__``,
+e.g. ``KELVIN_STORAGE_INFLUXDB__URL``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import SectionSettings
+
+
+class SqliteSettings(BaseModel):
+    """The embedded default: one SQLite file in WAL mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path = Path("data/kelvin.sqlite")
+    """Database file; its directory is created if missing."""
+    synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL"
+    """SQLite ``synchronous`` pragma: NORMAL is crash-safe in WAL mode (may lose the last commit on power loss)."""
+    busy_timeout_ms: int = Field(10_000, ge=0)
+    """How long a writer waits for the lock before raising a retryable error."""
+
+
+class InfluxSettings(BaseModel):
+    """An InfluxDB 1.x server, or 2.x/3.x through their v1-compatible endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = "http://127.0.0.1:8086"
+    database: str = "kelvin"
+    retention_policy: str | None = None
+    """None = the database's default policy."""
+    username: str | None = None
+    password: str | None = None
+    token: str | None = None
+    """2.x/3.x token (sent as ``Authorization: Token ...``)."""
+    create_database: bool = True
+    """Create the database (1.x) on open if it is missing."""
+    timeout_s: float = Field(10.0, gt=0)
+    retries: int = Field(5, ge=0)
+    """Attempts for a retryable failure before raising RetryableStorageError."""
+    measurement: str = "kelvin"
+    """Measurement holding readings; the sensor name is a tag."""
+
+
+class ShardSettings(BaseModel):
+    """One shard of the sharded backend: a named SQLite or InfluxDB backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    backend: Literal["sqlite", "influxdb"] = "influxdb"
+    sqlite: SqliteSettings = SqliteSettings()
+    influxdb: InfluxSettings = InfluxSettings()
+
+
+class ShardRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str
+    """Hierarchy prefix, e.g. ``/dc/row0``; the longest matching prefix wins."""
+    shard: str
+
+
+class ShardedSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shards: list[ShardSettings] = []
+    rules: list[ShardRule] = []
+    default: str | None = None
+    """Shard for sensors no rule matches; None = the first shard."""
+
+
+class StorageSettings(SectionSettings):
+    """Which storage backend every service uses."""
+
+    section: ClassVar[str] = "storage"
+    model_config = SettingsConfigDict(env_prefix="KELVIN_STORAGE_")
+
+    backend: Literal["sqlite", "influxdb", "sharded"] = "sqlite"
+    sqlite: SqliteSettings = SqliteSettings()
+    influxdb: InfluxSettings = InfluxSettings()
+    sharded: ShardedSettings = ShardedSettings()

@@ -1,0 +1,1 @@
+"""Kelvin query API."""

@@ -1,0 +1,1 @@
+"""Test support shared by every test package: free ports, real servers on loopback."""

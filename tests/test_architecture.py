@@ -1,0 +1,73 @@
+"""The layout rules of the repository, enforced."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ROOT / "services"
+SERVICE_PACKAGES = ["pusher", "collect_agent", "query_api", "allocator"]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+def test_services_never_import_each_other() -> None:
+    offences = []
+    for pkg in SERVICE_PACKAGES:
+        for path in (SERVICES / pkg).rglob("*.py"):
+            for mod in _imports(path):
+                parts = mod.split(".")
+                if parts[0] == "services" and len(parts) > 1 and parts[1] not in ("common", pkg):
+                    offences.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not offences, "services may import only services.common:\n" + "\n".join(offences)
+
+
+def test_common_imports_no_service() -> None:
+    offences = []
+    for path in (SERVICES / "common").rglob("*.py"):
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] in SERVICE_PACKAGES:
+                offences.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not offences, "services.common must not depend on a service:\n" + "\n".join(offences)
+
+
+def test_required_layout_exists() -> None:
+    for rel in [
+        "pyproject.toml", "README.md", "Tiltfile", ".ci/run", "charts", "k8s", "benchmarks",
+        "services/common", "services/pusher", "services/collect_agent", "services/query_api",
+        "services/allocator",
+    ]:  # fmt: skip
+        assert (ROOT / rel).exists(), f"{rel} is missing"
+
+
+def test_tests_mirror_services() -> None:
+    for pkg in ["common", *SERVICE_PACKAGES]:
+        assert (ROOT / "tests" / pkg).is_dir(), f"tests/{pkg} must mirror services/{pkg}"
+
+
+def test_every_module_has_a_docstring() -> None:
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in SERVICES.rglob("*.py")
+        if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None
+    ]
+    assert not missing, "modules need a docstring saying what they are for:\n" + "\n".join(missing)
