@@ -145,3 +145,17 @@ def reference_hall() -> Hall:
     with resources.as_file(ref) as p:
         d = load_matrix(p)
     return Hall(rows=2, racks=5, slots=4, d_matrix=d, name="reference-40")
+
+
+HALL_SENSOR_PREFIX = "/hall"
+
+
+def node_sensor(hall: Hall, i: int, quantity: str, prefix: str = HALL_SENSOR_PREFIX) -> str:
+    """Default sensor name of a hall node's quantity: ``/hall/row0/rack3/node2/power``.
+
+    ``quantity`` is ``power`` (W) or ``inlet_temp`` (°C). The simulated hall
+    (pusher ``datacenter`` plugin) publishes these names and the allocator's
+    calibration reads them unless a site maps its own sensors.
+    """
+    row, rack, slot = hall.position(i)
+    return f"{prefix}/row{row}/rack{rack}/node{slot}/{quantity}"
