@@ -1,0 +1,58 @@
+"""DCDB time syntax."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import TimeSpecError
+from services.common.times import format_iso, format_iso_many, parse_duration_ns, parse_time
+
+NOW = 1_764_500_000_000_000_000  # 2025-11-30T10:53:20Z
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("now", NOW),
+        ("now-5m", NOW - 300 * 10**9),
+        ("now - 2h", NOW - 7200 * 10**9),
+        ("now-1d", NOW - 86400 * 10**9),
+        ("now-100ms", NOW - 10**8),
+        ("now+30s", NOW + 30 * 10**9),
+        ("1764500000", NOW),  # seconds
+        ("1764500000000", NOW),  # ms
+        ("1764500000000000", NOW),  # µs
+        ("1764500000000000000", NOW),  # ns
+        ("2025-11-30T10:53:20Z", NOW),
+        ("2025-11-30 10:53:20", NOW),
+        ("2025-11-30 10:53:20.25", NOW + 250_000_000),
+        ("2025-11-30T11:53:20.000000001+01:00", NOW + 1),
+    ],
+)
+def test_parse_time(spec: str, expected: int) -> None:
+    assert parse_time(spec, now=NOW) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "yesterday", "now-5x", "2025-13-01", "-5"])
+def test_bad_times_explain_the_syntax(spec: str) -> None:
+    with pytest.raises(TimeSpecError):
+        parse_time(spec, now=NOW)
+
+
+def test_iso_formatting_keeps_nanoseconds() -> None:
+    assert format_iso(NOW + 123) == "2025-11-30T10:53:20.000000123Z"
+    import numpy as np
+
+    assert format_iso_many(np.array([NOW, NOW + 1], np.int64)) == [
+        format_iso(NOW),
+        format_iso(NOW + 1),
+    ]
+    assert parse_time(format_iso(NOW + 987654321)) == NOW + 987654321
+
+
+def test_durations() -> None:
+    assert parse_duration_ns("5m") == 300 * 10**9
+    assert parse_duration_ns("100ms") == 10**8
+    assert parse_duration_ns(2) == 2 * 10**9
+    with pytest.raises(TimeSpecError):
+        parse_duration_ns("soon")

@@ -1,0 +1,82 @@
+"""The `kelvin` command: help everywhere, exit codes, clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli import build_parser, main
+from tests.support.servers import free_port
+
+
+def _commands(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.extend(_commands(sub, (*prefix, name)))
+    return found
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = _commands(build_parser())
+    assert ("run",) in commands and ("up",) in commands
+    for cmd in commands:
+        with pytest.raises(SystemExit) as info:
+            main([*cmd, "--help"])
+        assert info.value.code == 0, cmd
+        out = capsys.readouterr().out
+        assert out.startswith("usage: kelvin"), (cmd, out[:200])
+
+
+def test_run_requires_a_known_service(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", "toaster"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_config_with_wrong_type_exits_2_naming_file_key_type(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("collect_agent:\n  mqtt_port: eighteen-eighty-three\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert str(cfg) in proc.stderr
+    assert "collect_agent.mqtt_port" in proc.stderr
+    assert "expected an integer" in proc.stderr
+
+
+def test_unknown_config_section_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text("colect_agent:\n  mqtt_port: 1\n")
+    assert main(["run", "allocator", "--config", str(cfg)]) == 2
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path),
+                "--query-api-port", str(taken), "--mqtt-port", str(free_port()),
+                "--collect-agent-port", str(free_port()), "--pusher-port", str(free_port()),
+                "--allocator-port", str(free_port()),
+            ],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"port {taken} on 127.0.0.1 is already in use" in proc.stderr
+    assert "--query-api-port" in proc.stderr
+    assert "Traceback" not in proc.stderr
