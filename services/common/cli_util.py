@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-SubParsers = argparse._SubParsersAction  # type: ignore[type-arg]
+SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def subgroup(sub: SubParsers, groups: dict[str, Any], name: str, help: str) -> SubParsers:

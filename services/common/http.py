@@ -161,7 +161,7 @@ class HttpService(Service):
             await self.close()
             raise
         if self.http.task is not None:
-            self.watch(self.http.task)  # type: ignore[arg-type]
+            self.watch(self.http.task)
 
     async def stop(self) -> None:
         if self._stopped:

@@ -52,8 +52,11 @@ class ServiceMetrics:
         labels: Sequence[str] = (),
         buckets: Sequence[float] | None = None,
     ) -> Histogram:
-        kw = {"buckets": tuple(buckets)} if buckets else {}
-        return Histogram(self.prefix + name, doc, labels, registry=self.registry, **kw)
+        if buckets:
+            return Histogram(
+                self.prefix + name, doc, labels, registry=self.registry, buckets=tuple(buckets)
+            )
+        return Histogram(self.prefix + name, doc, labels, registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
