@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, TypeAlias
 
-SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+# A string: argparse._SubParsersAction is not subscriptable at runtime on Python 3.11.
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def subgroup(sub: SubParsers, groups: dict[str, Any], name: str, help: str) -> SubParsers:

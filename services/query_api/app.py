@@ -1,25 +1,146 @@
-"""The query API service: its one door (built from settings, owns its clients)."""
+"""The query API service: its one door (built from settings, owns its clients).
+
+Routes: ``/api/v1/...`` (REST, OpenAPI at ``/docs``), ``/grafana/...`` (the
+simpod JSON data source), ``/prometheus/api/v1/...`` (read-only Prometheus
+HTTP API). The path ``/`` is left to the web console.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import logging
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from services.common.errors import (
+    KelvinError,
+    NotFoundError,
+    RetryableStorageError,
+    SensorNameError,
+    StorageError,
+    TimeSpecError,
+)
 from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
+from services.common.storage import StorageBackend, open_storage
+from services.common.storage.settings import StorageSettings
+from services.query_api.context import ApiContext
+from services.query_api.routes import readings, sensors
 from services.query_api.settings import Settings
 
+log = logging.getLogger(__name__)
+_bad_input_log = RateLimitedLog(log, 10.0)
 
-def create_app(settings: Settings, metrics: ServiceMetrics) -> FastAPI:
-    app = FastAPI(title="Kelvin query API", version="0.1.0")
+
+def _reason(exc: KelvinError) -> str:
+    from services.query_api.query import QueryError
+    from services.query_api.spec import SpecError
+    from services.query_api.units import UnitError
+
+    reasons: list[tuple[type[Exception], str]] = [
+        (TimeSpecError, "bad_time"),
+        (SensorNameError, "bad_sensor_name"),
+        (SpecError, "bad_spec"),
+        (UnitError, "bad_unit"),
+        (QueryError, "bad_query"),
+    ]
+    for cls, reason in reasons:
+        if isinstance(exc, cls):
+            return reason
+    extra = getattr(exc, "reason", None)
+    return str(extra) if extra else "bad_request"
+
+
+def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
+    """Kelvin errors -> JSON ``{"error", "detail"}``; bad input is counted by reason."""
     install_error_handlers(app)
-    app.include_router(health_router(metrics))
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        ctx.metrics.rejects.labels("not_found").inc()
+        return JSONResponse({"error": "not_found", "detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(KelvinError)
+    async def _kelvin(request: Request, exc: KelvinError) -> JSONResponse:
+        if isinstance(exc, RetryableStorageError):
+            return JSONResponse(
+                {"error": "storage_unavailable", "detail": str(exc)}, status_code=503
+            )
+        if isinstance(exc, StorageError):
+            log.error("storage error on %s: %s", request.url.path, exc)
+            return JSONResponse({"error": "storage_error", "detail": str(exc)}, status_code=500)
+        reason = _reason(exc)
+        ctx.metrics.rejects.labels(reason).inc()
+        _bad_input_log.warning(reason, "%s %s: %s", request.url.path, reason, exc)
+        return JSONResponse({"error": reason, "detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        ctx.metrics.rejects.labels("invalid_request").inc()
+        details = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            {"error": "invalid_request", "detail": "; ".join(details)}, status_code=422
+        )
+
+
+def create_app(
+    settings: Settings, metrics: ServiceMetrics, ctx: ApiContext | None = None
+) -> FastAPI:
+    """The ASGI app; ``ctx`` carries the storage (attached later by the service)."""
+    ctx = ctx or ApiContext(settings, metrics)
+    app = FastAPI(
+        title="Kelvin query API",
+        version="0.1.0",
+        description="Sensor hierarchy, readings with DCDB operations and units, virtual sensors, "
+        "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
+    )
+    app.state.ctx = ctx
+    install_handlers(app, ctx)
+
+    def ready() -> tuple[bool, str]:
+        return (ctx._storage is not None, "storage open" if ctx._storage else "storage not open")
+
+    app.include_router(health_router(metrics, ready))
+    app.include_router(sensors.router(ctx))
+    app.include_router(readings.router(ctx))
     return app
 
 
-def create_service(config: Config) -> HttpService:
-    settings = config.load(Settings)
-    metrics = ServiceMetrics("query_api")
-    return HttpService(
-        "query-api", create_app(settings, metrics), settings.host, settings.port, "--query-api-port"
-    )
+class QueryApiService(HttpService):
+    """Opens storage before serving; closes it after the HTTP server stopped."""
+
+    def __init__(self, settings: Settings, storage_settings: StorageSettings) -> None:
+        self.settings = settings
+        self.storage_settings = storage_settings
+        self.metrics = ServiceMetrics("query_api")
+        self.ctx = ApiContext(settings, self.metrics)
+        super().__init__(
+            "query-api",
+            create_app(settings, self.metrics, self.ctx),
+            settings.host,
+            settings.port,
+            "--query-api-port",
+        )
+        self.storage: StorageBackend | None = None
+
+    async def open(self) -> None:
+        self.storage = await open_storage(self.storage_settings)
+        self.ctx.attach(self.storage)
+        self.metrics.up.set(1)
+
+    async def close(self) -> None:
+        self.metrics.up.set(0)
+        self.ctx.detach()
+        if self.storage is not None:
+            await self.storage.close()
+            self.storage = None
+
+
+def create_service(config: Config) -> QueryApiService:
+    return QueryApiService(config.load(Settings), config.load(StorageSettings))

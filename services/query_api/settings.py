@@ -24,3 +24,26 @@ class Settings(SectionSettings):
     """Allocator API (hall view of the console)."""
     collect_agent_url: str = "http://127.0.0.1:8081"
     """Collect agent API (ingest health in the console)."""
+    token: str | None = None
+    """Bearer token required to change anything (define or delete sensors, import
+    readings, set metadata). None leaves changes open: set it in production."""
+    protect_reads: bool = False
+    """Also require the token for every read (readings, hierarchy, Grafana, Prometheus API)."""
+    default_range_s: float = Field(3600.0, gt=0)
+    """Range read when a request names no start: ``now - default_range_s`` to now."""
+    stream_chunk_points: int = Field(65_536, ge=1024)
+    """Readings per chunk when streaming a response (memory per request stays bounded)."""
+    max_points: int = Field(50_000_000, ge=1)
+    """Largest number of readings (or virtual grid points) one request may produce."""
+    virtual_gap_factor: float = Field(3.0, ge=1.0)
+    """A virtual sensor interpolates across a gap in an input only if the gap is at most
+    this many of the input's own intervals (unless its definition sets ``max_gap_ms``)."""
+    virtual_settle_s: float = Field(10.0, ge=0)
+    """Results newer than ``now - virtual_settle_s`` are computed but not stored, because
+    their inputs are probably still arriving."""
+    virtual_max_depth: int = Field(8, ge=1)
+    """Deepest nesting of virtual sensors on other virtual sensors."""
+    prometheus_lookback_s: float = Field(300.0, gt=0)
+    """Prometheus API: how far back an instant query looks for the latest reading."""
+    prometheus_max_series: int = Field(10_000, ge=1)
+    """Prometheus API: most series one selector may match."""

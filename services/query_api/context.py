@@ -1,0 +1,88 @@
+"""What every route needs: settings, metrics, storage and the objects built on it.
+
+Storage opens when the service starts (``QueryApiService.open``), after the
+app exists, so routes reach it through :class:`ApiContext` at request time.
+"""
+
+from __future__ import annotations
+
+from services.common.errors import RetryableStorageError
+from services.common.metrics import ServiceMetrics
+from services.common.storage.base import StorageBackend
+from services.query_api.catalog import Catalog
+from services.query_api.query import Reader, VirtualSource
+from services.query_api.settings import Settings
+
+
+class ApiMetrics:
+    """The query API's own Prometheus metrics."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.registry = metrics
+        self.requests = metrics.counter(
+            "requests_total", "API requests answered, by route", ["route"]
+        )
+        self.rejects = metrics.counter(
+            "rejects_total", "Requests refused as bad input, by reason", ["reason"]
+        )
+        self.points = metrics.counter("points_served_total", "Readings sent in responses")
+        self.virtual_computed = metrics.counter(
+            "virtual_points_computed_total", "Virtual-sensor points computed from inputs"
+        )
+        self.virtual_reused = metrics.counter(
+            "virtual_points_reused_total", "Virtual-sensor points served from stored results"
+        )
+        self.virtual_invalidations = metrics.counter(
+            "virtual_invalidations_total", "Stored virtual ranges dropped because inputs changed"
+        )
+
+
+class ApiContext:
+    """Shared state of one query API instance."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        storage: StorageBackend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = ApiMetrics(metrics)
+        self._storage: StorageBackend | None = None
+        self._catalog: Catalog | None = None
+        self._reader: Reader | None = None
+        self.virtual: VirtualSource | None = None
+        if storage is not None:
+            self.attach(storage)
+
+    def attach(self, storage: StorageBackend) -> None:
+        """Use ``storage`` from now on (called once it is open)."""
+        from services.query_api.virtual.engine import Engine
+
+        self._storage = storage
+        self._catalog = Catalog(storage)
+        engine = Engine(storage, self._catalog, self.settings, self.metrics)
+        self.virtual = engine
+        self._reader = Reader(storage, self._catalog, engine, self.settings.max_points)
+
+    def detach(self) -> None:
+        self._storage = self._catalog = self._reader = None
+        self.virtual = None
+
+    @property
+    def storage(self) -> StorageBackend:
+        if self._storage is None:
+            raise RetryableStorageError("query API: storage is not open yet")
+        return self._storage
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            raise RetryableStorageError("query API: storage is not open yet")
+        return self._catalog
+
+    @property
+    def reader(self) -> Reader:
+        if self._reader is None:
+            raise RetryableStorageError("query API: storage is not open yet")
+        return self._reader

@@ -1,0 +1,1 @@
+"""HTTP routes of the query API, one module per resource."""

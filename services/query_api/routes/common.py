@@ -1,0 +1,64 @@
+"""Helpers shared by the routes: time ranges, auth dependencies, error bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from services.common import times
+from services.common.auth import bearer
+from services.common.errors import KelvinError, TimeSpecError
+from services.query_api.context import ApiContext
+
+Dependency = Callable[[Request], Coroutine[Any, Any, None]]
+
+
+def time_range(ctx: ApiContext, start: str | None, end: str | None) -> tuple[int, int]:
+    """Parse DCDB time arguments; defaults: the last ``default_range_s`` up to now."""
+    now = times.now_ns()
+    try:
+        end_ns = times.parse_time(end, now) if end else now
+    except TimeSpecError as exc:
+        raise TimeSpecError(f"end: {exc}") from None
+    try:
+        start_ns = (
+            times.parse_time(start, now)
+            if start
+            else end_ns - round(ctx.settings.default_range_s * 1e9)
+        )
+    except TimeSpecError as exc:
+        raise TimeSpecError(f"start: {exc}") from None
+    return start_ns, end_ns
+
+
+def interval(spec: str | None) -> int | None:
+    """``10s``, ``5m``, ``100ms`` (a bare number is seconds) -> ns; None when absent."""
+    if spec is None or spec == "":
+        return None
+    try:
+        ns = times.parse_duration_ns(spec)
+    except TimeSpecError as exc:
+        raise TimeSpecError(f"interval: {exc}") from None
+    if ns <= 0:
+        raise TimeSpecError(f"interval: {spec!r} must be longer than zero")
+    return ns
+
+
+def auth(ctx: ApiContext) -> tuple[Any, Any]:
+    """(read, write) dependencies: writes need the token; reads only with ``protect_reads``."""
+    write = bearer(lambda: ctx.settings.token)
+    read = bearer(lambda: ctx.settings.token if ctx.settings.protect_reads else None)
+    return Depends(read), Depends(write)
+
+
+def error(status: int, kind: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": kind, "detail": detail}, status_code=status)
+
+
+def reject(ctx: ApiContext, exc: KelvinError, reason: str, status: int = 400) -> JSONResponse:
+    """Count a bad request by reason and answer with a JSON error body."""
+    ctx.metrics.rejects.labels(reason).inc()
+    return error(status, reason, str(exc))

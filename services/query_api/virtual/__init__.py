@@ -1,0 +1,1 @@
+"""Virtual sensors: expressions over other sensors, evaluated lazily and written back."""

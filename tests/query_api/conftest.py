@@ -1,0 +1,69 @@
+"""Fixtures: a real query API service on a free loopback port over a temporary SQLite file."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from services.common.readings import Batch
+from services.common.sensors import SensorMetadata
+from services.common.settings import Config
+from services.common.storage.base import StorageBackend
+from services.query_api.app import QueryApiService, create_service
+
+T0 = 1_780_000_000 * 10**9
+"""A round epoch (2026-05-28T20:26:40Z) the tests place readings at."""
+S = 10**9
+
+
+@dataclass
+class Api:
+    service: QueryApiService
+    client: httpx.AsyncClient
+
+    @property
+    def storage(self) -> StorageBackend:
+        assert self.service.storage is not None
+        return self.service.storage
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.service.port}"
+
+    async def write(
+        self,
+        sensor: str,
+        ts_s: list[float] | np.ndarray,
+        values: list[float] | np.ndarray,
+        unit: str | None = None,
+    ) -> None:
+        """Store readings at ``T0 + ts_s`` seconds (and the unit, if given)."""
+        ts = T0 + np.round(np.asarray(ts_s, dtype=np.float64) * S).astype(np.int64)
+        await self.storage.write(Batch.single(sensor, ts, values))
+        if unit is not None:
+            await self.storage.put_metadata(SensorMetadata(name=sensor, unit=unit))
+
+
+def make_config(tmp_path: Path, **query_api: object) -> Config:
+    return Config(
+        overrides={
+            "query_api": {"host": "127.0.0.1", "port": 0, "virtual_settle_s": 0, **query_api},
+            "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+        }
+    )
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    svc = create_service(make_config(tmp_path))
+    await svc.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+            yield Api(svc, c)
+    finally:
+        await svc.stop()
