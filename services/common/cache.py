@@ -1,8 +1,16 @@
 """Sensor cache: the recent readings of every sensor, for latest values and averages.
 
-Used by the pusher and the collect agent (DCDB's ``cacheInterval``). One ring
-buffer per sensor covering ``window_s`` seconds; memory is bounded by
-``max_points`` per sensor, whatever the rate.
+Used by the pusher and the collect agent (DCDB's ``cacheInterval``). Two layouts
+behind one API, both bounded by ``max_points`` per sensor whatever the rate:
+
+* a **ring per sensor** (:meth:`SensorCache.put`, :meth:`SensorCache.put_batch`)
+  for readings that arrive sensor by sensor (collect agent); it starts small and
+  doubles up to its capacity, so a sparse sensor costs little;
+* a **block** per group of sensors sampled together (:meth:`SensorCache.add_block`,
+  :meth:`SensorCache.put_rows`): one timestamp ring shared by all of them and a
+  2-D value ring, written one row per cycle with a single numpy assignment. NaN
+  marks "no reading this cycle". A pusher group of 10k sensors costs 8 bytes per
+  reading and no Python loop per sensor.
 """
 
 from __future__ import annotations
@@ -13,6 +21,10 @@ import numpy as np
 
 from services.common.readings import Batch, Float64Array, Int64Array
 
+_EMPTY_TS: Int64Array = np.empty(0, np.int64)
+_EMPTY_VS: Float64Array = np.empty(0, np.float64)
+_FIRST_RING_POINTS = 16
+
 
 @dataclass(frozen=True, slots=True)
 class CachedValue:
@@ -21,47 +33,109 @@ class CachedValue:
     value: float
 
 
+def _ordered_slices(pos: int, n: int, cap: int) -> tuple[slice, slice | None]:
+    """The one or two slices that hold the last ``n`` writes of a ring, oldest first."""
+    start = (pos - n) % cap
+    if start + n <= cap:
+        return slice(start, start + n), None
+    return slice(start, cap), slice(0, pos)
+
+
 class _Ring:
+    """Readings of one sensor; grows geometrically up to ``cap`` points."""
+
     __slots__ = ("cap", "n", "pos", "ts", "vs")
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, initial: int) -> None:
         self.cap = cap
-        self.ts: Int64Array = np.empty(cap, dtype=np.int64)
-        self.vs: Float64Array = np.empty(cap, dtype=np.float64)
+        size = max(1, min(cap, initial))
+        self.ts: Int64Array = np.empty(size, dtype=np.int64)
+        self.vs: Float64Array = np.empty(size, dtype=np.float64)
         self.pos = 0  # next write index
         self.n = 0
 
+    def _grow(self, need: int) -> None:
+        size = self.ts.shape[0]
+        if size >= self.cap or self.n + need <= size:
+            return
+        new = min(self.cap, max(size * 2, self.n + need))
+        ts, vs = self.ordered()
+        self.ts = np.empty(new, dtype=np.int64)
+        self.vs = np.empty(new, dtype=np.float64)
+        self.ts[: self.n] = ts
+        self.vs[: self.n] = vs
+        self.pos = self.n % new
+
     def put(self, ts: Int64Array, vs: Float64Array) -> None:
+        self._grow(ts.shape[0])
+        size = self.ts.shape[0]
         k = ts.shape[0]
-        if k >= self.cap:
-            self.ts[:] = ts[-self.cap :]
-            self.vs[:] = vs[-self.cap :]
-            self.pos, self.n = 0, self.cap
+        if k >= size:
+            self.ts[:] = ts[-size:]
+            self.vs[:] = vs[-size:]
+            self.pos, self.n = 0, size
             return
         end = self.pos + k
-        if end <= self.cap:
+        if end <= size:
             self.ts[self.pos : end] = ts
             self.vs[self.pos : end] = vs
         else:
-            first = self.cap - self.pos
+            first = size - self.pos
             self.ts[self.pos :] = ts[:first]
             self.vs[self.pos :] = vs[:first]
             self.ts[: k - first] = ts[first:]
             self.vs[: k - first] = vs[first:]
-        self.pos = end % self.cap
-        self.n = min(self.cap, self.n + k)
+        self.pos = end % size
+        self.n = min(size, self.n + k)
 
     def ordered(self) -> tuple[Int64Array, Float64Array]:
-        if self.n < self.cap:
-            start = (self.pos - self.n) % self.cap
-            if start + self.n <= self.cap:
-                return self.ts[start : start + self.n], self.vs[start : start + self.n]
-        idx = (np.arange(self.n) + (self.pos - self.n)) % self.cap
-        return self.ts[idx], self.vs[idx]
+        a, b = _ordered_slices(self.pos, self.n, self.ts.shape[0])
+        if b is None:
+            return self.ts[a], self.vs[a]
+        return np.concatenate((self.ts[a], self.ts[b])), np.concatenate((self.vs[a], self.vs[b]))
 
-    def latest(self) -> tuple[int, float]:
-        i = (self.pos - 1) % self.cap
-        return int(self.ts[i]), float(self.vs[i])
+
+class _Block:
+    """Sensors sampled together: shared timestamps, one value column per sensor."""
+
+    __slots__ = ("cap", "n", "names", "pos", "ts", "vs")
+
+    def __init__(self, names: list[str], cap: int) -> None:
+        self.names = names
+        self.cap = cap
+        self.ts: Int64Array = np.zeros(cap, dtype=np.int64)
+        # NaN-filled up front: the memory a full window needs is resident (and
+        # visible in RSS) from the start, not after the window has elapsed.
+        self.vs: Float64Array = np.full((cap, len(names)), np.nan, dtype=np.float64)
+        self.pos = 0
+        self.n = 0
+
+    def put_rows(self, ts: Int64Array, vs: Float64Array) -> None:
+        for i in range(ts.shape[0]):  # one row per sampling cycle: a handful at most
+            self.ts[self.pos] = ts[i]
+            self.vs[self.pos] = vs[i]
+            self.pos = (self.pos + 1) % self.cap
+        self.n = min(self.cap, self.n + ts.shape[0])
+
+    def column(self, j: int) -> tuple[Int64Array, Float64Array]:
+        a, b = _ordered_slices(self.pos, self.n, self.cap)
+        if b is None:
+            ts, vs = self.ts[a], self.vs[a, j]
+        else:
+            ts = np.concatenate((self.ts[a], self.ts[b]))
+            vs = np.concatenate((self.vs[a, j], self.vs[b, j]))
+        keep = ~np.isnan(vs)
+        if bool(keep.all()):
+            return ts, vs
+        return ts[keep], vs[keep]
+
+    def latest(self, j: int) -> tuple[int, float] | None:
+        for back in range(1, self.n + 1):  # the newest row almost always holds it
+            i = (self.pos - back) % self.cap
+            v = self.vs[i, j]
+            if v == v:
+                return int(self.ts[i]), float(v)
+        return None
 
 
 class SensorCache:
@@ -71,28 +145,43 @@ class SensorCache:
         self.window_ns = int(window_s * 1e9)
         self.max_points = max_points
         self._rings: dict[str, _Ring] = {}
+        self._cols: dict[str, tuple[_Block, int]] = {}
+        self._blocks: dict[int, _Block] = {}
+        self._next_block = 0
 
     def __len__(self) -> int:
-        return len(self._rings)
+        return len(self._rings) + len(self._cols)
 
     def __contains__(self, sensor: str) -> bool:
-        return sensor in self._rings
+        return sensor in self._rings or sensor in self._cols
 
     def sensors(self) -> list[str]:
-        return sorted(self._rings)
+        return sorted([*self._rings, *self._cols])
+
+    def points_for(self, interval_s: float) -> int:
+        """Points that cover the window at one reading per ``interval_s``, capped."""
+        if interval_s <= 0:
+            return self.max_points
+        return max(2, min(self.max_points, int(self.window_ns / 1e9 / interval_s) + 1))
 
     def reserve(self, sensor: str, points: int) -> None:
         """Size one sensor's ring (e.g. window / interval) instead of ``max_points``."""
         points = max(2, min(points, self.max_points))
-        if sensor not in self._rings or self._rings[sensor].cap != points:
-            self._rings[sensor] = _Ring(points)
+        ring = self._rings.get(sensor)
+        if ring is None or ring.cap != points:
+            new = _Ring(points, _FIRST_RING_POINTS)
+            if ring is not None and ring.n:
+                new.put(*ring.ordered())
+            self._rings[sensor] = new
 
     def put(self, sensor: str, timestamps_ns: Int64Array, values: Float64Array) -> None:
         if timestamps_ns.shape[0] == 0:
             return
         ring = self._rings.get(sensor)
         if ring is None:
-            ring = self._rings[sensor] = _Ring(self.max_points)
+            if sensor in self._cols:
+                raise ValueError(f"sensor {sensor!r} is cached in a block; use put_rows")
+            ring = self._rings[sensor] = _Ring(self.max_points, _FIRST_RING_POINTS)
         ring.put(timestamps_ns, values)
 
     def put_batch(self, batch: Batch) -> None:
@@ -102,23 +191,58 @@ class SensorCache:
             if b > a:
                 self.put(name, batch.timestamps_ns[a:b], batch.values[a:b])
 
+    def add_block(self, sensors: list[str], points: int) -> int:
+        """Cache ``sensors`` together (sampled on the same instants); returns a handle."""
+        taken = [s for s in sensors if s in self]
+        if taken:
+            raise ValueError(f"sensor(s) already cached: {', '.join(taken[:5])}")
+        block = _Block(list(sensors), max(2, min(points, self.max_points)))
+        handle = self._next_block
+        self._next_block += 1
+        self._blocks[handle] = block
+        for j, name in enumerate(block.names):
+            self._cols[name] = (block, j)
+        return handle
+
+    def put_rows(self, handle: int, timestamps_ns: Int64Array, values: Float64Array) -> None:
+        """Rows of a block: ``values`` is (k, n_sensors), NaN where a sensor has no reading."""
+        self._blocks[handle].put_rows(timestamps_ns, values.reshape(timestamps_ns.shape[0], -1))
+
+    def drop_block(self, handle: int) -> None:
+        block = self._blocks.pop(handle, None)
+        if block is not None:
+            for name in block.names:
+                self._cols.pop(name, None)
+
     def forget(self, sensor: str) -> None:
         self._rings.pop(sensor, None)
 
+    def _series(self, sensor: str) -> tuple[Int64Array, Float64Array]:
+        ring = self._rings.get(sensor)
+        if ring is not None:
+            return ring.ordered() if ring.n else (_EMPTY_TS, _EMPTY_VS)
+        col = self._cols.get(sensor)
+        if col is None:
+            return _EMPTY_TS, _EMPTY_VS
+        return col[0].column(col[1])
+
     def latest(self, sensor: str) -> CachedValue | None:
         ring = self._rings.get(sensor)
-        if ring is None or ring.n == 0:
-            return None
-        ts, v = ring.latest()
-        return CachedValue(sensor, ts, v)
+        if ring is not None:
+            if ring.n == 0:
+                return None
+            i = (ring.pos - 1) % ring.ts.shape[0]
+            return CachedValue(sensor, int(ring.ts[i]), float(ring.vs[i]))
+        col = self._cols.get(sensor)
+        found = col[0].latest(col[1]) if col is not None else None
+        return None if found is None else CachedValue(sensor, *found)
 
     def readings(self, sensor: str, since_ns: int | None = None) -> tuple[Int64Array, Float64Array]:
         """Cached readings, oldest first, within the cache window (and after ``since_ns``)."""
-        ring = self._rings.get(sensor)
-        if ring is None or ring.n == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        ts, vs = ring.ordered()
-        lo = ts[-1] - self.window_ns
+        ts, vs = self._series(sensor)
+        if ts.shape[0] == 0:
+            return ts, vs
+        lo = int(ts[-1]) - self.window_ns
         if since_ns is not None:
             lo = max(lo, since_ns)
         i = int(np.searchsorted(ts, lo, side="left"))
@@ -130,19 +254,17 @@ class SensorCache:
         Each reading holds until the next one (step interpolation), as DCDB does;
         a reading older than the window start contributes from the start onwards.
         """
-        ring = self._rings.get(sensor)
-        if ring is None or ring.n == 0:
+        ts, vs = self._series(sensor)
+        if ts.shape[0] == 0:
             return None
-        ts, vs = ring.ordered()
         end = int(ts[-1]) if now_ns is None else min(now_ns, int(ts[-1]))
         start = end - int(seconds * 1e9)
-        i = int(np.searchsorted(ts, start, side="right")) - 1
-        i = max(i, 0)
-        t = ts[i:].astype(np.float64)
-        v = vs[i:]
+        i = max(int(np.searchsorted(ts, start, side="right")) - 1, 0)
+        j = int(np.searchsorted(ts, end, side="right"))
+        t = ts[i:j].astype(np.float64)
+        v = vs[i:j]
         if t.shape[0] == 1 or end <= start:
             return float(v[-1])
-        t = t.copy()
         t[0] = max(t[0], start)
         durations = np.diff(np.append(t, end))
         total = float(durations.sum())

@@ -1,14 +1,24 @@
-"""Settings of the pusher (YAML section ``pusher``, env prefix ``KELVIN_PUSHER_``)."""
+"""Settings of the pusher (YAML section ``pusher``, env prefix ``KELVIN_PUSHER_``).
+
+Global keys here; one sub-section per plugin instance under ``plugins``, each
+validated by its plugin's own model (see :mod:`services.pusher.config`).
+"""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common import names
 from services.common.settings import SectionSettings
+
+
+def short_hostname() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
 
 
 class Settings(SectionSettings):
@@ -26,3 +36,74 @@ class Settings(SectionSettings):
     allocator_url: str = "http://127.0.0.1:8083"
     """Allocator API for the simulated-hall plugin."""
     state_dir: Path = Path("data/pusher")
+    """Where plugins keep state between runs."""
+
+    prefix: str | None = None
+    """Sensor-name prefix of this node (default ``/<short hostname>``)."""
+    client_id: str | None = None
+    """MQTT client id (default ``kelvin-pusher-<host>-<random>``)."""
+    mqtt_username: str | None = None
+    mqtt_password: str | None = None
+    format: Literal["kvb1", "dcdb"] = "kvb1"
+    """Wire format: Kelvin's batched KVB1 or DCDB's one PUBLISH per sensor."""
+    qos: Literal[0, 1] = 1
+    """MQTT QoS of readings (1: resent after a reconnect until acknowledged)."""
+    push: Literal["continuous", "bursty"] = "continuous"
+    """Send after every read, or in bursts every ``burst_interval_ms``."""
+    burst_interval_ms: int = Field(30_000, ge=100)
+    """Period of bursty sending (ms); each node's bursts are offset by its client id."""
+    announce_metadata: bool = True
+    """Publish ``/DCDB_MAP/METADATA/...`` for sensors with ``publish: true`` at connect."""
+    buffer_readings: int = Field(2_000_000, ge=1)
+    """Readings held while no broker is reachable (~9 bytes each); the oldest drop past it."""
+    max_inflight: int = Field(64, ge=1, le=65535)
+    """Unacknowledged QoS 1 messages at a time."""
+    batch_max_bytes: int = Field(1 << 20, ge=1024)
+    """Largest KVB1 payload; bigger groups are split."""
+    keepalive_s: int = Field(30, ge=5)
+    reconnect_max_s: float = Field(5.0, gt=0)
+    """Longest wait between connect attempts (backoff from 0.2 s)."""
+    flush_timeout_s: float = Field(5.0, ge=0)
+    """How long ``stop`` waits for buffered readings to go out."""
+    timestamps: Literal["tick", "read"] = "tick"
+    """Stamp readings with the scheduled instant (aligned across nodes) or the read time."""
+    cache_s: float = Field(900.0, ge=0)
+    """Sensor cache window (DCDB ``cacheInterval``), seconds."""
+    cache_max_points: int = Field(1024, ge=2)
+    """Cap on cached readings per sensor (bounds memory at short intervals)."""
+    token: str | None = None
+    """Bearer token required by every state-changing REST call (None = no auth)."""
+    auth_reads: bool = False
+    """Require the token on read-only REST calls too."""
+    plugins: dict[str, dict[str, Any] | None] | None = None
+    """Plugin instances: section name -> its settings. None = the profile's defaults."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        return None if v is None else names.validate_prefix(v)
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one broker host:port is needed")
+        for b in v:
+            parse_broker(b)
+        return v
+
+    @property
+    def node_prefix(self) -> str:
+        return self.prefix or names.validate("/" + short_hostname())
+
+    def broker_list(self) -> list[tuple[str, int]]:
+        return [parse_broker(b) for b in self.brokers]
+
+
+def parse_broker(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, 1883
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"broker {text!r}: expected host:port with a port in 1..65535")
+    return host.strip("[]") or "127.0.0.1", int(port)

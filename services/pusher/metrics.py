@@ -1,0 +1,39 @@
+"""The pusher's Prometheus metrics (``kelvin_pusher_*``)."""
+
+from __future__ import annotations
+
+from services.common.metrics import ServiceMetrics
+
+
+class PusherMetrics:
+    """Counters and gauges of sampling and publishing, in one registry."""
+
+    def __init__(self, metrics: ServiceMetrics | None = None) -> None:
+        m = metrics or ServiceMetrics("pusher")
+        self.service = m
+        self.reads = m.counter("reads_total", "Successful group reads", ["plugin"])
+        self.readings = m.counter("readings_total", "Readings queued for publishing", ["plugin"])
+        self.invalid = m.counter(
+            "invalid_readings_total", "Raw readings that were NaN or infinite", ["plugin"]
+        )
+        self.read_errors = m.counter(
+            "read_errors_total", "Group reads that failed", ["plugin", "reason"]
+        )
+        self.skipped = m.counter(
+            "skipped_beats_total", "Sampling instants skipped because a read overran", ["plugin"]
+        )
+        self.dropped = m.counter(
+            "readings_dropped_total", "Readings dropped before reaching a broker", ["reason"]
+        )
+        self.sent = m.counter("readings_sent_total", "Readings a broker accepted")
+        self.messages = m.counter("messages_sent_total", "PUBLISH messages accepted", ["kind"])
+        self.buffered = m.gauge(
+            "buffer_readings", "Readings waiting for the broker (the outage buffer)"
+        )
+        self.connected = m.gauge("broker_connected", "1 while connected to a broker")
+        self.connects = m.counter("broker_connects_total", "Successful connects", ["broker"])
+        self.connect_errors = m.counter(
+            "broker_errors_total", "Failed connects and lost connections", ["broker"]
+        )
+        self.plugins = m.gauge("plugins_running", "Plugin instances sampling")
+        self.sensors = m.gauge("sensors", "Sensors of loaded plugins")

@@ -1,0 +1,130 @@
+"""Fixtures for the pusher tests: a decoding MQTT subscriber and a pusher factory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+import yaml
+
+from services.common import codec
+from services.common.sensors import SensorMetadata
+from services.common.settings import Config
+from services.pusher.app import PusherService, create_service
+from tests.support.servers import Mosquitto
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pusher"
+
+
+class Collector:
+    """Subscribes to ``#`` on a real broker and decodes every PUBLISH as the agent would."""
+
+    def __init__(self, port: int, client_id: str | None = None, clean: bool = True) -> None:
+        self.port = port
+        self.client_id = client_id
+        self.clean = clean
+        self.readings: dict[str, list[tuple[int, float]]] = {}
+        self.raw: dict[str, list[tuple[int, float]]] = {}
+        self.metadata: dict[str, SensorMetadata] = {}
+        self.topics: list[str] = []
+        self.errors: list[str] = []
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> Collector:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.wait_for(self._subscribed.wait(), 10)
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    "127.0.0.1", self.port, identifier=self.client_id, clean_session=self.clean
+                ) as client:
+                    await client.subscribe("#", qos=1)
+                    self._subscribed.set()
+                    async for msg in client.messages:
+                        self._handle(str(msg.topic), bytes(msg.payload))  # type: ignore[arg-type]
+            except aiomqtt.MqttError:
+                self._subscribed.clear()
+                await asyncio.sleep(0.05)  # broker down: poll until it is back
+
+    def _handle(self, topic: str, payload: bytes) -> None:
+        self.topics.append(topic)
+        try:
+            d = codec.decode_publish(topic, payload, time.time_ns())
+        except Exception as exc:
+            self.errors.append(f"{topic}: {exc}")
+            return
+        if d.metadata is not None:
+            self.metadata[d.metadata.name] = d.metadata
+        if d.batch is not None:
+            for s in d.batch:
+                scale = 1.0
+                if d.raw_integers and s.sensor in self.metadata:
+                    scale = self.metadata[s.sensor].scale
+                pairs = list(
+                    zip(s.timestamps_ns.tolist(), (s.values * scale).tolist(), strict=True)
+                )
+                self.readings.setdefault(s.sensor, []).extend(pairs)
+        self._changed.set()
+
+    async def wait_for(self, cond: Callable[[], bool], within_s: float = 15.0) -> None:
+        """Wait until ``cond()`` holds after some message arrived (no polling sleeps)."""
+        async with asyncio.timeout(within_s):
+            while not cond():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_connected(self, within_s: float = 15.0) -> None:
+        await asyncio.wait_for(self._subscribed.wait(), within_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@pytest.fixture
+async def collector(mosquitto_broker: Mosquitto) -> AsyncIterator[Collector]:
+    c = await Collector(mosquitto_broker.port).start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+def make_config(
+    tmp_path: Path,
+    pusher: dict[str, Any],
+    profile: str = "run",
+    broker_port: int | None = None,
+) -> Config:
+    """A Config from a real YAML file (so that errors name it), HTTP on a free port."""
+    section = {"host": "127.0.0.1", "port": 0, "state_dir": str(tmp_path / "state"), **pusher}
+    if broker_port is not None:
+        section.setdefault("brokers", [f"127.0.0.1:{broker_port}"])
+    path = tmp_path / "kelvin.yaml"
+    path.write_text(yaml.safe_dump({"pusher": section}))
+    cfg = Config(path)
+    cfg.profile = profile
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def running(cfg: Config) -> AsyncIterator[PusherService]:
+    svc = create_service(cfg)
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.stop()
