@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import SectionSettings
 
 
+class BrokerSettings(BaseModel):
+    """External-broker mode: subscribe to a v5 broker with a shared subscription."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    """Broker host (mosquitto, EMQX, HiveMQ, ... anything speaking MQTT v5)."""
+    port: int = Field(1883, ge=1, le=65535)
+    group: str = "kelvin"
+    """Share name: agents with the same group split the stream (``$share/<group>/...``)."""
+    prefixes: list[str] = ["/"]
+    """Sensor prefixes to take (``/`` = everything); each becomes ``$share/<group>/<prefix>/#``."""
+    client_id: str | None = None
+    """Stable MQTT client id; None = ``kelvin-agent-<hostname>``. Keep it stable across
+    restarts: the broker redelivers unacknowledged messages to the same id."""
+    username: str | None = None
+    password: str | None = None
+    session_expiry_s: int = Field(3600, ge=0)
+    """How long the broker keeps this agent's session (and its unacknowledged messages)
+    while it is away."""
+    tls: bool = False
+    """Connect with TLS (system CA store)."""
+    keepalive_s: int = Field(30, ge=5)
+
+
 class Settings(SectionSettings):
-    """collect agent settings."""
+    """Collect agent: MQTT endpoint and/or broker subscription, spool, writer, REST."""
 
     section: ClassVar[str] = "collect_agent"
     model_config = SettingsConfigDict(env_prefix="KELVIN_COLLECT_AGENT_")
@@ -20,10 +45,69 @@ class Settings(SectionSettings):
     host: str = "0.0.0.0"
     """HTTP bind address."""
     port: int = Field(8081, ge=0, le=65535)
-    """HTTP port (0 = any free port)."""
+    """HTTP port (0 = any free port): REST, ``/write``, ``/ping``, ``/metrics``."""
+    api_token: str | None = None
+    """Bearer token required by every request that changes state (``/write`` included);
+    None = no check (development)."""
+
+    # ---------------------------------------------------------------- built-in MQTT endpoint
+    mqtt_enabled: bool = True
+    """Run the built-in MQTT endpoint (pushers connect to the agent directly)."""
     mqtt_host: str | None = None
-    """MQTT bind address (None = same as host)."""
+    """MQTT bind address (None = same as ``host``)."""
     mqtt_port: int = Field(1883, ge=0, le=65535)
-    """Built-in MQTT endpoint port."""
+    """Built-in MQTT endpoint port (0 = any free port)."""
+    mqtt_users: dict[str, str] = {}
+    """username -> password; when non-empty every CONNECT must carry one of them."""
+    mqtt_tls_cert: Path | None = None
+    """PEM certificate chain: when set (with ``mqtt_tls_key``) the endpoint speaks TLS only."""
+    mqtt_tls_key: Path | None = None
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """A connection that sends no CONNECT within this time is closed."""
+    max_connections: int = Field(10_000, ge=1)
+    """Further connections are closed at once (CONNACK 'server unavailable')."""
+    max_payload_bytes: int = Field(4 << 20, ge=1024, le=256 << 20)
+    """Largest accepted MQTT packet / HTTP body; larger ones are skipped and counted."""
+
+    # ---------------------------------------------------------------- external broker
+    broker: BrokerSettings | None = None
+    """Subscribe to this broker too (external-broker mode). Set ``mqtt_enabled: false``
+    to use the broker only."""
+
+    # ---------------------------------------------------------------- spool
     spool_dir: Path = Path("data/spool")
-    """Write-ahead spool directory."""
+    """Write-ahead spool directory (one per agent; keep it on a persistent volume)."""
+    fsync: Literal["commit", "interval", "off"] = "commit"
+    """``commit``: each group commit is fsync'ed before its acks go out (survives power
+    loss). ``interval``: written before the acks (survives a killed agent), fsync'ed every
+    ``fsync_interval_ms``. ``off``: never fsync'ed (tests, throw-away data)."""
+    fsync_interval_ms: int = Field(1000, ge=1)
+    commit_delay_ms: float = Field(0.0, ge=0, le=50)
+    """Extra wait before a group commit to gather more publishes (0 = commit as soon as
+    the previous commit is done; group commits then form by themselves under load)."""
+    spool_max_bytes: int = Field(1 << 30, ge=1 << 20)
+    """Disk quota of the spool; when reached, the agent stops reading publishes
+    (back-pressure) until the writer has drained some."""
+    spool_segment_bytes: int = Field(64 << 20, ge=1 << 16)
+    """Size at which the spool starts a new segment file (drained segments are deleted)."""
+    spool_memory_bytes: int = Field(256 << 20, ge=1 << 20)
+    """Spooled readings also kept in memory for the writer; beyond this it reads them back."""
+
+    # ---------------------------------------------------------------- writer
+    writer_batch_readings: int = Field(200_000, ge=1)
+    """Most readings handed to storage in one write."""
+    writer_retry_max_s: float = Field(5.0, gt=0)
+    """Longest back-off between retries while storage is failing."""
+    metadata_refresh_s: float = Field(30.0, gt=0)
+    """How often the sensors' scales are re-read from storage (metadata another agent
+    received)."""
+
+    # ---------------------------------------------------------------- cache and HTTP ingest
+    cache_window_s: float = Field(900.0, ge=0)
+    """Sensor cache window for latest values and averages (DCDB ``cacheInterval``);
+    0 disables the cache."""
+    cache_max_points: int = Field(1024, ge=2)
+    influx_prefix: str = "/influx"
+    """HTTP ``/write``: a line ``m,tag=v f=1`` becomes ``<influx_prefix>/m/v/f``."""
+    influx_measurements: dict[str, str] = {}
+    """measurement -> sensor prefix, overriding ``<influx_prefix>/<measurement>``."""

@@ -63,14 +63,20 @@ def classify(topic: str) -> tuple[TopicKind, str]:
         prefix = topic[len(BATCH_PREFIX) :] or "/"
         return TopicKind.BATCH, names.validate_prefix(prefix)
     if topic.startswith(METADATA_PREFIX):
-        return TopicKind.METADATA, names.validate(topic[len(METADATA_PREFIX) :])
+        return TopicKind.METADATA, names.validate(_rooted(topic[len(METADATA_PREFIX) :]))
     if topic.startswith(MAP_PREFIX):
-        return TopicKind.MAP, names.validate(topic[len(MAP_PREFIX) - 1 :])
+        return TopicKind.MAP, names.validate(_rooted(topic[len(MAP_PREFIX) :]))
     if topic.startswith(JOBDATA_PREFIX) or topic == JOBDATA_PREFIX[:-1]:
         return TopicKind.JOBDATA, ""
     if topic.startswith(("/DCDB_", "/KELVIN_")):
         raise PayloadError(f"unknown control topic {topic[:80]!r}", "unknown_control_topic")
     return TopicKind.DATA, names.validate(topic)
+
+
+def _rooted(rest: str) -> str:
+    # The wire form is prefix + name (``/DCDB_MAP//a/b``); some pushers drop the
+    # name's own leading slash (``/DCDB_MAP/a/b``). Both mean ``/a/b``.
+    return rest if rest.startswith("/") else "/" + rest
 
 
 # --------------------------------------------------------------------------- DCDB

@@ -1,0 +1,202 @@
+"""HTTP API of the collect agent: InfluxDB-compatible ``/write`` and ``/ping``, REST, stats.
+
+State-changing requests (``/write``, kicking a client, forgetting a cached
+sensor) need the bearer token when one is configured; ``/write`` also takes it
+the ways Telegraf sends credentials (``Authorization: Token``, HTTP Basic
+password, ``p=`` query parameter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from services.collect_agent import line_protocol
+from services.collect_agent.spool import SpoolError
+from services.common import names
+from services.common.auth import bearer
+from services.common.errors import NotFoundError, SensorNameError, TimeSpecError
+from services.common.times import parse_duration_ns
+
+if TYPE_CHECKING:
+    from services.collect_agent.app import CollectAgent
+
+INFLUX_VERSION = "1.8.10-kelvin"
+ADMIT_TIMEOUT_S = 10.0
+
+
+def _write_authorised(request: Request, token: str | None) -> bool:
+    if not token:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, cred = header.partition(" ")
+    given = request.query_params.get("p", "")
+    if scheme.lower() in ("bearer", "token"):
+        given = cred.strip()
+    elif scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(cred.strip()).decode().partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            given = ""
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds max_payload_bytes={limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"body exceeds max_payload_bytes={limit}")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if request.headers.get("content-encoding", "").lower() == "gzip":
+        d = zlib.decompressobj(wbits=31)
+        try:
+            body = d.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise HTTPException(400, f"gzip body does not decompress: {exc}") from exc
+        if len(body) > limit or d.unconsumed_tail:
+            raise HTTPException(413, f"decompressed body exceeds max_payload_bytes={limit}")
+    return body
+
+
+def create_router(agent: CollectAgent) -> APIRouter:
+    router = APIRouter()
+    s = agent.settings
+    auth = Depends(bearer(lambda: agent.settings.api_token))
+
+    # ------------------------------------------------------------------ InfluxDB compatible
+    @router.api_route("/ping", methods=["GET", "HEAD"], tags=["influx"], status_code=204)
+    async def ping(verbose: bool = False) -> Response:
+        headers = {"X-Influxdb-Version": INFLUX_VERSION, "X-Influxdb-Build": "OSS"}
+        if verbose:
+            return JSONResponse({"version": INFLUX_VERSION}, headers=headers)
+        return Response(status_code=204, headers=headers)
+
+    async def write(request: Request, precision: str) -> Response:
+        if not _write_authorised(request, s.api_token):
+            return JSONResponse({"error": "authorization failed"}, status_code=401)
+        ing = agent.ingestor
+        try:
+            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
+        except TimeoutError:
+            return JSONResponse(
+                {"error": "spool full (storage behind); retry later"},
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
+        body = await _read_body(request, s.max_payload_bytes)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            ing.reject(None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8")
+            return JSONResponse({"error": "body is not UTF-8"}, status_code=400)
+        try:
+            res = line_protocol.parse(
+                text, precision, time.time_ns(), s.influx_measurements, s.influx_prefix
+            )
+        except line_protocol.LineProtocolError as exc:
+            ing.reject(None, exc.reason, str(exc))
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        for no, reason, msg in res.errors:
+            ing.reject(None, reason, f"HTTP /write line {no}: {msg}")
+        try:
+            await ing.receive_batch(res.batch, res.lines, "http")
+        except SpoolError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+        if res.errors:
+            no, _, msg = res.errors[0]
+            return JSONResponse(
+                {"error": f"partial write: line {no}: {msg} ({len(res.errors)} line(s) rejected)"},
+                status_code=400,
+            )
+        return Response(status_code=204)
+
+    @router.post("/write", tags=["influx"], status_code=204)
+    async def write_v1(request: Request, precision: str = "ns") -> Response:
+        """InfluxDB 1.x write: line protocol body, ``precision`` n|u|ms|s|m|h; 204 once durable."""
+        return await write(request, precision)
+
+    @router.post("/api/v2/write", tags=["influx"], status_code=204)
+    async def write_v2(request: Request, precision: str = "ns") -> Response:
+        """InfluxDB 2.x write (Telegraf ``outputs.influxdb_v2``); bucket and org are ignored."""
+        return await write(request, precision)
+
+    # ------------------------------------------------------------------ REST
+    @router.get("/api/v1/sensors", tags=["cache"])
+    async def sensors(prefix: str = "/") -> dict[str, Any]:
+        """Sensors in the cache under ``prefix`` with their latest reading."""
+        cache = agent.require_cache()
+        try:
+            p = names.validate_prefix(prefix)
+        except SensorNameError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        out = []
+        for name in cache.sensors():
+            if names.is_under(name, p):
+                v = cache.latest(name)
+                if v is not None:
+                    out.append({"name": name, "timestamp_ns": v.timestamp_ns, "value": v.value})
+        return {"prefix": p, "count": len(out), "sensors": out}
+
+    @router.get("/api/v1/latest", tags=["cache"])
+    async def latest(sensor: str = Query(..., description="sensor name")) -> dict[str, Any]:
+        v = agent.require_cache().latest(sensor)
+        if v is None:
+            raise NotFoundError(f"sensor {sensor!r} has no cached reading on this agent")
+        return {"sensor": sensor, "timestamp_ns": v.timestamp_ns, "value": v.value}
+
+    @router.get("/api/v1/average", tags=["cache"])
+    async def average(
+        sensor: str = Query(...), interval: str = Query("60s", description="e.g. 30s, 5m")
+    ) -> dict[str, Any]:
+        """Time-weighted average over the last ``interval`` (up to the newest reading)."""
+        try:
+            window_ns = parse_duration_ns(interval)
+        except TimeSpecError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        value = agent.require_cache().average(sensor, window_ns / 1e9)
+        if value is None:
+            raise NotFoundError(f"sensor {sensor!r} has no cached reading on this agent")
+        return {"sensor": sensor, "interval_s": window_ns / 1e9, "value": value}
+
+    @router.delete("/api/v1/cache", tags=["cache"], status_code=204, dependencies=[auth])
+    async def forget(sensor: str = Query(...)) -> Response:
+        agent.require_cache().forget(sensor)
+        return Response(status_code=204)
+
+    @router.get("/api/v1/hosts", tags=["hosts"])
+    async def hosts() -> dict[str, Any]:
+        """Connected MQTT clients (built-in endpoint) and the broker subscription."""
+        clients = agent.mqtt.clients() if agent.mqtt is not None else []
+        broker = agent.subscriber.info() if agent.subscriber is not None else None
+        return {"count": len(clients), "hosts": clients, "broker": broker}
+
+    @router.delete(
+        "/api/v1/hosts/{client_id}", tags=["hosts"], status_code=204, dependencies=[auth]
+    )
+    async def kick(client_id: str) -> Response:
+        """Disconnect a client (it may reconnect; unacknowledged messages are resent)."""
+        conn = agent.mqtt.by_id.get(client_id) if agent.mqtt is not None else None
+        if conn is None:
+            raise NotFoundError(f"no connected MQTT client {client_id!r}")
+        conn.close("kicked")
+        return Response(status_code=204)
+
+    @router.get("/api/v1/stats", tags=["stats"])
+    async def stats() -> dict[str, Any]:
+        """Ingest statistics: rates, spool depth, storage state, rejects by reason."""
+        return agent.stats()
+
+    return router

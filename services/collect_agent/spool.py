@@ -1,0 +1,341 @@
+"""The write-ahead spool: nothing is acknowledged before it is here, durable.
+
+Group commits are appended to segment files (``spool-<first seq>.wal``) on one
+I/O thread and fsync'ed per the policy before :meth:`Spool.append` returns;
+only then does the agent send PUBACKs / HTTP 204s. The writer takes records
+in order (:meth:`Spool.peek`), stores them, and :meth:`Spool.release`\\ s them;
+fully drained segments are deleted and a checkpoint file remembers the last
+drained sequence number. After a crash :meth:`Spool.open` replays everything
+after the checkpoint (storage writes are idempotent, so a replayed record that
+was in fact stored is harmless) and truncates a torn last record, which was
+never acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from services.collect_agent import spool_format as fmt
+from services.common.errors import KelvinError
+from services.common.readings import Batch
+from services.common.sensors import JobRecord, SensorMetadata
+
+log = logging.getLogger(__name__)
+
+Item = Batch | SensorMetadata | JobRecord
+FsyncPolicy = Literal["commit", "interval", "off"]
+
+
+class SpoolError(KelvinError):
+    """The spool cannot persist (disk full, I/O error): nothing may be acknowledged."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One spooled record: where it lives on disk and, while memory allows, its content."""
+
+    seq: int
+    segment: Path
+    offset: int
+    length: int
+    readings: int
+    item: Item | None
+
+
+class Spool:
+    """Segment files + an in-memory index of records not yet drained to storage."""
+
+    def __init__(
+        self,
+        directory: Path,
+        fsync: FsyncPolicy = "commit",
+        fsync_interval_ms: int = 1000,
+        segment_bytes: int = 64 << 20,
+        max_bytes: int = 1 << 30,
+        memory_bytes: int = 256 << 20,
+    ) -> None:
+        self.dir = Path(directory)
+        self.fsync = fsync
+        self.fsync_interval_s = fsync_interval_ms / 1000
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+        self.memory_bytes = memory_bytes
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="spool-io")
+        self._entries: deque[Entry] = deque()
+        self._segments: dict[Path, int] = {}  # path -> last seq in it
+        self._sizes: dict[Path, int] = {}  # only the I/O thread touches these two
+        self._disk_bytes = 0
+        self._active: Path | None = None
+        self._fd: int | None = None
+        self._next_seq = 1
+        self._drained = 0
+        self._mem = 0
+        self._readings = 0
+        self._available = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._dirty = False
+        self._fsync_task: asyncio.Task[None] | None = None
+        self.replayed_records = 0
+        self.replayed_readings = 0
+        self.corrupt_records = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def disk_bytes(self) -> int:
+        return self._disk_bytes
+
+    @property
+    def over_quota(self) -> bool:
+        return self.disk_bytes >= self.max_bytes
+
+    @property
+    def pending_records(self) -> int:
+        return len(self._entries)
+
+    @property
+    def pending_readings(self) -> int:
+        return self._readings
+
+    @property
+    def drained_seq(self) -> int:
+        return self._drained
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self) -> None:
+        """Create the directory and replay what a previous run left undrained."""
+        await asyncio.get_running_loop().run_in_executor(self._io, self._replay)
+        if self._entries:
+            self._available.set()
+            self._empty.clear()
+        if self.fsync == "interval":
+            self._fsync_task = asyncio.create_task(self._fsync_loop(), name="spool-fsync")
+
+    async def close(self) -> None:
+        if self._fsync_task is not None:
+            self._fsync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._fsync_task
+            self._fsync_task = None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, self._close_files)
+        self._io.shutdown(wait=True)
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="spool-io")
+
+    def _close_files(self) -> None:
+        if self._fd is not None:
+            if self.fsync != "off":
+                os.fdatasync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        self._active = None
+        self._cleanup()
+
+    def _replay(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ckpt = self.dir / "drained"
+        with contextlib.suppress(OSError, ValueError):
+            self._drained = int(ckpt.read_text().strip() or 0)
+        last = self._drained
+        for path in sorted(self.dir.glob("spool-*.wal")):
+            data = path.read_bytes()
+            records, good_end = fmt.scan(data)
+            if good_end < len(data):
+                self._truncate_tail(path, data, good_end)
+            kept = 0
+            for seq, at, length in records:
+                last = max(last, seq)
+                if seq <= self._drained:
+                    continue
+                n = fmt.readings_count(memoryview(data)[at : at + length])
+                self._entries.append(Entry(seq, path, at, length, n, None))
+                self._readings += n
+                self.replayed_readings += n
+                kept += 1
+            self.replayed_records += kept
+            if kept:
+                self._segments[path] = records[-1][0]
+                self._sizes[path] = good_end
+                self._disk_bytes += good_end
+            else:
+                path.unlink()
+        self._next_seq = last + 1
+        if self.replayed_records:
+            log.warning(
+                "spool %s: replaying %d records (%d readings) a previous run did not drain",
+                self.dir,
+                self.replayed_records,
+                self.replayed_readings,
+            )
+
+    def _truncate_tail(self, path: Path, data: bytes, good_end: int) -> None:
+        self.corrupt_records += 1
+        bad = path.with_name(path.name + ".torn")
+        bad.write_bytes(data[good_end:])
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+        log.warning(
+            "spool %s: %d bytes after offset %d are a torn or damaged record (never "
+            "acknowledged); kept in %s and truncated",
+            path,
+            len(data) - good_end,
+            good_end,
+            bad.name,
+        )
+
+    # ------------------------------------------------------------------ appending
+    async def append(self, items: Sequence[tuple[Item, bytes]]) -> None:
+        """Persist encoded items (per the fsync policy) and queue them for the writer.
+
+        Raises SpoolError when the disk refuses; then nothing may be acknowledged.
+        """
+        if not items:
+            return
+        first = self._next_seq
+        self._next_seq += len(items)
+        frames = [fmt.frame(first + i, body) for i, (_, body) in enumerate(items)]
+        loop = asyncio.get_running_loop()
+        try:
+            path, offset = await loop.run_in_executor(
+                self._io, self._write, frames, first + len(items) - 1
+            )
+        except OSError as exc:
+            raise SpoolError(f"spool {self.dir}: cannot write: {exc.strerror or exc}") from exc
+        pos = offset
+        for i, (item, body) in enumerate(items):
+            n = len(item) if isinstance(item, Batch) else 0
+            keep = self._mem + len(body) <= self.memory_bytes
+            at = pos + fmt.HEADER.size
+            self._entries.append(Entry(first + i, path, at, len(body), n, item if keep else None))
+            if keep:
+                self._mem += len(body)
+            self._readings += n
+            pos = at + len(body)
+        self._available.set()
+        self._empty.clear()
+
+    def _write(self, frames: list[bytes], last_seq: int) -> tuple[Path, int]:
+        if self._fd is None or self._sizes.get(self._active, 0) >= self.segment_bytes:  # type: ignore[arg-type]
+            self._rotate()
+        assert self._fd is not None and self._active is not None
+        data = b"".join(frames)
+        offset = self._sizes[self._active]
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._sizes[self._active] = offset + len(data)
+        self._disk_bytes += len(data)
+        # Recorded here, on the I/O thread, so that a cleanup queued behind this
+        # write can never delete the segment it just extended.
+        self._segments[self._active] = last_seq
+        if self.fsync == "commit":
+            os.fdatasync(self._fd)
+        else:
+            self._dirty = True
+        return self._active, offset
+
+    def _rotate(self) -> None:
+        if self._fd is not None:
+            if self.fsync != "off":
+                os.fdatasync(self._fd)
+            os.close(self._fd)
+        path = self.dir / f"spool-{self._next_seq:020d}.wal"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        self._active = path
+        self._sizes[path] = os.fstat(self._fd).st_size
+        self._disk_bytes += self._sizes[path]
+        if self.fsync == "commit":
+            # The new file's directory entry must be durable too.
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    async def _fsync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.fsync_interval_s)
+            if self._dirty:
+                self._dirty = False
+                await loop.run_in_executor(self._io, self._sync_active)
+
+    def _sync_active(self) -> None:
+        if self._fd is not None:
+            os.fdatasync(self._fd)
+
+    # ------------------------------------------------------------------ draining
+    async def wait(self) -> None:
+        """Until at least one record waits for the writer."""
+        while not self._entries:
+            self._available.clear()
+            await self._available.wait()
+
+    async def wait_empty(self) -> None:
+        """Until the writer has stored everything spooled so far."""
+        await self._empty.wait()
+
+    def peek(self, max_readings: int) -> list[Entry]:
+        """The oldest records, up to ``max_readings`` readings (at least one record)."""
+        out: list[Entry] = []
+        total = 0
+        for e in self._entries:
+            if out and total + e.readings > max_readings:
+                break
+            out.append(e)
+            total += e.readings
+        return out
+
+    async def load(self, entry: Entry) -> Item:
+        """The record's content, read back from disk if it was not kept in memory."""
+        if entry.item is not None:
+            return entry.item
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(self._io, self._pread, entry)
+        return fmt.decode(body)
+
+    @staticmethod
+    def _pread(entry: Entry) -> bytes:
+        with open(entry.segment, "rb") as f:
+            f.seek(entry.offset)
+            return f.read(entry.length)
+
+    async def release(self, count: int) -> None:
+        """The writer stored the first ``count`` records: forget them, delete drained files."""
+        for _ in range(count):
+            e = self._entries.popleft()
+            self._readings -= e.readings
+            if e.item is not None:
+                self._mem -= e.length
+            self._drained = e.seq
+        if not self._entries:
+            self._empty.set()
+        await asyncio.get_running_loop().run_in_executor(self._io, self._cleanup)
+
+    def _cleanup(self) -> None:
+        drained = self._drained
+        for path, last in list(self._segments.items()):
+            if last > drained:
+                continue
+            if path == self._active and self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                self._active = None
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            self._segments.pop(path, None)
+            self._disk_bytes -= self._sizes.pop(path, 0)
+        tmp = self.dir / "drained.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_text(str(drained))
+            os.replace(tmp, self.dir / "drained")

@@ -1,0 +1,209 @@
+"""The writer: drains the spool into storage, in order, in large batches, never dropping.
+
+Consecutive readings records are concatenated into one storage write of up to
+``batch_readings`` readings (columnar backends want them large). A failing
+storage is retried with exponential back-off for as long as it fails — the
+spool grows meanwhile and the ingest side applies back-pressure at the quota.
+Only a record that storage rejects *permanently* (retrying cannot help) is set
+aside: its readings go to ``quarantine.wal`` in the spool directory, counted
+and logged, never silently lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.collect_agent import spool_format as fmt
+from services.collect_agent.metrics import AgentMetrics
+from services.collect_agent.spool import Entry, Item, Spool
+from services.common.errors import PermanentStorageError, RetryableStorageError
+from services.common.logs import RateLimitedLog
+from services.common.readings import Batch
+from services.common.sensors import JobRecord, SensorMetadata
+from services.common.storage.base import StorageBackend
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_ERROR_ATTEMPTS = 5
+"""An error that is neither retryable nor permanent is retried this often, then
+treated as permanent so that one poison record cannot stall the pipeline."""
+
+
+class Writer:
+    """Spool -> storage (see the module docstring)."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        storage: StorageBackend,
+        metrics: AgentMetrics,
+        batch_readings: int = 200_000,
+        retry_max_s: float = 5.0,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        self.spool = spool
+        self.storage = storage
+        self.metrics = metrics
+        self.batch_readings = batch_readings
+        self.retry_max_s = retry_max_s
+        self.on_release = on_release
+        self.readings_written = 0
+        self.failing_since: float | None = None
+        self.last_error: str | None = None
+        self._log = RateLimitedLog(log, period_s=30.0, burst=3)
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def quarantine_path(self) -> Path:
+        return self.spool.dir / "quarantine.wal"
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self.run(), name="spool-writer")
+        return self._task
+
+    async def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Drain what storage takes within the timeout; the rest stays spooled for next start."""
+        if self._task is None:
+            return
+        deadline = time.monotonic() + drain_timeout_s
+        while self.spool.pending_records and time.monotonic() < deadline:
+            if self._task.done():
+                break
+            await asyncio.sleep(0.02)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        if self.spool.pending_records:
+            log.warning(
+                "stopping with %d readings still spooled in %s; they are written after restart",
+                self.spool.pending_readings,
+                self.spool.dir,
+            )
+
+    async def run(self) -> None:
+        backoff = 0.05
+        unknown_failures = 0
+        while True:
+            await self.spool.wait()
+            entries = self.spool.peek(self.batch_readings)
+            try:
+                await self._store(entries, isolate=unknown_failures >= UNKNOWN_ERROR_ATTEMPTS)
+            except Exception as exc:
+                kind = (
+                    "retryable" if isinstance(exc, RetryableStorageError | OSError) else "unknown"
+                )
+                if kind == "unknown":
+                    unknown_failures += 1
+                self.metrics.storage_errors.labels(kind).inc()
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                self._log.warning(
+                    "storage",
+                    "storage write failed (%s), retrying in %.2f s; %d readings spooled",
+                    self.last_error,
+                    backoff,
+                    self.spool.pending_readings,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.retry_max_s)
+                continue
+            if self.failing_since is not None:
+                log.info(
+                    "storage is back after %.1f s; draining %d spooled readings",
+                    time.monotonic() - self.failing_since,
+                    self.spool.pending_readings,
+                )
+            self.failing_since = None
+            self.last_error = None
+            backoff = 0.05
+            unknown_failures = 0
+            await self.spool.release(len(entries))
+            if self.on_release is not None:
+                self.on_release()
+
+    async def _store(self, entries: list[Entry], isolate: bool) -> None:
+        pending: list[Batch] = []
+        for e in entries:
+            item = await self.spool.load(e)
+            if isinstance(item, Batch):
+                pending.append(item)
+                continue
+            if pending:
+                await self._write(Batch.concat(pending), isolate)
+                pending = []
+            await self._control(item, isolate)
+        if pending:
+            await self._write(Batch.concat(pending), isolate)
+
+    async def _write(self, batch: Batch, isolate: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self.storage.write(batch)
+        except PermanentStorageError as exc:
+            await self._isolate(batch, exc)
+        except (RetryableStorageError, OSError):
+            raise
+        except Exception as exc:
+            if not isolate:
+                raise
+            await self._isolate(batch, exc)
+        else:
+            self.metrics.storage_seconds.observe(time.perf_counter() - t0)
+            self.readings_written += len(batch)
+            self.metrics.readings_written.inc(len(batch))
+
+    async def _isolate(self, batch: Batch, exc: Exception) -> None:
+        """Write series one by one; quarantine those storage refuses for good."""
+        log.error(
+            "storage refused a batch of %d readings (%s); isolating bad series", len(batch), exc
+        )
+        for series in batch:
+            one = Batch.single(series.sensor, series.timestamps_ns, series.values)
+            try:
+                await self.storage.write(one)
+            except (RetryableStorageError, OSError):
+                raise
+            except Exception as err:
+                self._quarantine(one, err)
+            else:
+                self.readings_written += len(one)
+                self.metrics.readings_written.inc(len(one))
+
+    async def _control(self, item: Item, isolate: bool) -> None:
+        try:
+            if isinstance(item, SensorMetadata):
+                await self.storage.put_metadata(item)
+            elif isinstance(item, JobRecord):
+                await self.storage.put_job(item)
+        except (RetryableStorageError, OSError):
+            raise
+        except Exception as exc:
+            if not isolate and not isinstance(exc, PermanentStorageError):
+                raise
+            self._quarantine(item, exc)
+
+    def _quarantine(self, item: Item, exc: Exception) -> None:
+        if isinstance(item, Batch):
+            body = fmt.encode_readings(item)
+            self.metrics.quarantined.inc(len(item))
+        elif isinstance(item, SensorMetadata):
+            body = fmt.encode_metadata(item)
+        else:
+            body = fmt.encode_job(item)
+        with open(self.quarantine_path, "ab") as f:
+            f.write(fmt.frame(0, body))
+        log.error(
+            "storage refused %s permanently (%s); kept in %s",
+            item.sensors[0] if isinstance(item, Batch) else type(item).__name__,
+            exc,
+            self.quarantine_path,
+        )

@@ -1,0 +1,52 @@
+"""Fixtures for the collect agent: a real agent on free loopback ports with SQLite in tmp."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.collect_agent.app import CollectAgent, create_service
+from services.common.settings import Config
+
+AgentFactory = Callable[..., Awaitable[CollectAgent]]
+
+
+def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settings: Any) -> Config:
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "mqtt_port": 0,
+        "spool_dir": str(tmp_path / "spool"),
+        "connect_timeout_s": 2.0,
+    }
+    base.update(settings)
+    return Config(
+        overrides={
+            "collect_agent": base,
+            "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+        }
+    )
+
+
+@pytest.fixture
+async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """Start agents (stopped after the test); keyword arguments are collect_agent settings."""
+    started: list[CollectAgent] = []
+
+    async def make(**settings: Any) -> CollectAgent:
+        agent = create_service(agent_config(tmp_path, **settings))
+        await agent.start()
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in reversed(started):
+        await agent.stop()
+
+
+@pytest.fixture
+async def agent(make_agent: AgentFactory) -> CollectAgent:
+    return await make_agent()
