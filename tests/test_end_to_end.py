@@ -1,0 +1,228 @@
+"""End to end: `kelvin up` as a subprocess on free ports and a temp data dir.
+
+pusher (tester + procfs) -> MQTT -> collect agent -> SQLite -> query API, plus
+a third-party MQTT client (Debian's mosquitto_pub) and bad input. The tests in
+this module share one `kelvin up` and run in file order; the last one stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.servers import free_port, port_is_free, require_binary, wait_port
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen[bytes]
+    ports: dict[str, int]
+    log: Path
+
+    @property
+    def query(self) -> str:
+        return f"http://127.0.0.1:{self.ports['query_api']}"
+
+    @property
+    def agent(self) -> str:
+        return f"http://127.0.0.1:{self.ports['collect_agent']}"
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return int(self.proc.returncode)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    data = tmp_path_factory.mktemp("kelvin-up")
+    ports = {k: free_port() for k in ("mqtt", "collect_agent", "pusher", "query_api", "allocator")}
+    log = data / "kelvin.log"
+    cmd = [
+        sys.executable, "-m", "services.cli", "up", "--data-dir", str(data),
+        "--mqtt-port", str(ports["mqtt"]), "--collect-agent-port", str(ports["collect_agent"]),
+        "--pusher-port", str(ports["pusher"]), "--query-api-port", str(ports["query_api"]),
+        "--allocator-port", str(ports["allocator"]),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=data)
+    handle = Up(proc, ports, log)
+    try:
+        wait_port(ports["query_api"], timeout=30, proc=proc)
+        yield handle
+    finally:
+        handle.stop()
+        if proc.returncode not in (0, None):
+            print(log.read_text()[-5000:])
+
+
+def _walk(client: httpx.Client, base: str, prefix: str, want: str, depth: int = 0) -> str | None:
+    """Depth-first search for a sensor whose path has a level named ``want``."""
+    r = client.get(f"{base}/api/v1/sensors", params={"prefix": prefix})
+    if r.status_code != 200 or depth > 8:
+        return None
+    for child in r.json()["children"]:
+        levels = child["name"].split("/")
+        if child["is_sensor"] and want in levels:
+            return str(child["name"])
+        if child["has_children"]:
+            found = _walk(client, base, child["name"], want, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _readings(client: httpx.Client, base: str, sensor: str, **params: str) -> dict:  # type: ignore[type-arg]
+    r = client.get(f"{base}/api/v1/readings", params={"sensor": sensor, "format": "json", **params})
+    r.raise_for_status()
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_tester_and_procfs_readings_arrive_within_10_s(up: Up) -> None:
+    deadline = time.monotonic() + 10.0
+    counts: dict[str, int] = {}
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            for plugin in ("tester", "procfs"):
+                sensor = _walk(client, up.query, "/", plugin)
+                if sensor:
+                    counts[plugin] = _readings(client, up.query, sensor, start="now-1m")["count"]
+            if all(counts.get(p, 0) >= 5 for p in ("tester", "procfs")):
+                break
+            time.sleep(0.25)
+    assert counts.get("tester", 0) >= 5, (counts, up.log.read_text()[-3000:])
+    assert counts.get("procfs", 0) >= 5, (counts, up.log.read_text()[-3000:])
+
+
+def test_csv_has_dcdb_header(up: Up) -> None:
+    with httpx.Client(timeout=5) as client:
+        sensor = _walk(client, up.query, "/", "tester")
+        assert sensor
+        r = client.get(
+            f"{up.query}/api/v1/readings",
+            params={"sensor": sensor, "start": "now-1m", "format": "csv"},
+        )
+    lines = r.text.strip().splitlines()
+    assert lines[0] == "Sensor,Time,Value"
+    assert lines[1].startswith(f"{sensor},")
+
+
+def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: Up, tmp_path: Path) -> None:
+    mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
+    value, ts = -1234567890123, 1_764_500_000_123_456_789
+    payload = tmp_path / "record.bin"
+    payload.write_bytes(value.to_bytes(8, "little", signed=True) + ts.to_bytes(8, "little"))
+    subprocess.run(
+        [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
+         "-i", "e2e-probe", "-t", "/e2e/probe/value", "-f", str(payload)],
+        check=True, timeout=20,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    with httpx.Client(timeout=5) as client:
+        while True:
+            r = client.get(
+                f"{up.query}/api/v1/readings",
+                params={
+                    "sensor": "/e2e/probe/value",
+                    "start": str(ts - 1000),
+                    "end": str(ts + 1000),
+                },
+            )
+            if (r.status_code == 200 and r.json()["count"] == 1) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["timestamps_ns"] == [ts]
+    assert body["values"] == [float(value)]
+
+
+def test_unknown_sensor_is_404_with_json_error(up: Up) -> None:
+    with httpx.Client(timeout=5) as client:
+        r = client.get(f"{up.query}/api/v1/readings", params={"sensor": "/no/such/sensor"})
+    assert r.status_code == 404
+    body = r.json()
+    assert body["error"] == "not_found" and "/no/such/sensor" in body["detail"]
+
+
+def _rejected(client: httpx.Client, base: str, reason: str) -> float:
+    total = 0.0
+    for line in client.get(f"{base}/metrics").text.splitlines():
+        if line.startswith("kelvin_collect_agent_rejected_total{") and f'reason="{reason}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_malformed_payload_is_counted_and_service_keeps_serving(up: Up) -> None:
+    mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
+    with httpx.Client(timeout=5) as client:
+        before = _rejected(client, up.agent, "bad_length")
+        subprocess.run(
+            [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "0",
+             "-t", "/e2e/bad/value", "-m", "12345"],
+            check=True, timeout=20,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while _rejected(client, up.agent, "bad_length") <= before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _rejected(client, up.agent, "bad_length") == before + 1
+        # Still serving: a good reading after the bad one is stored.
+        subprocess.run(
+            [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
+             "-t", "/e2e/good/value", "-m", '{"value": 7.25}'],
+            check=True, timeout=20,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = client.get(
+                f"{up.query}/api/v1/readings",
+                params={"sensor": "/e2e/good/value", "start": "now-1m"},
+            )
+            if r.status_code == 200 and r.json()["count"]:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["values"] == [7.25]
+        assert client.get(f"{up.agent}/healthz").status_code == 200
+
+
+def test_every_service_serves_health_and_metrics(up: Up) -> None:
+    with httpx.Client(timeout=5) as client:
+        for key, prefix in [
+            ("collect_agent", "kelvin_collect_agent_"),
+            ("pusher", "kelvin_pusher_"),
+            ("query_api", "kelvin_query_api_"),
+            ("allocator", "kelvin_allocator_"),
+        ]:
+            base = f"http://127.0.0.1:{up.ports[key]}"
+            assert client.get(f"{base}/healthz").status_code == 200
+            assert client.get(f"{base}/readyz").status_code == 200
+            metrics = client.get(f"{base}/metrics").text
+            assert prefix in metrics, key
+        assert (
+            client.get(f"http://127.0.0.1:{up.ports['allocator']}/healthz").json()["status"] == "ok"
+        )
+
+
+def test_sigterm_flushes_exits_0_and_frees_every_port(up: Up) -> None:
+    assert up.stop() == 0, up.log.read_text()[-3000:]
+    busy = [name for name, port in up.ports.items() if not port_is_free(port)]
+    assert not busy, f"still listening after exit: {busy}"
+    if os.environ.get("KELVIN_E2E_SHOW_LOG"):
+        print(up.log.read_text())
