@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -41,7 +42,10 @@ DRAIN_TIMEOUT_S = 10.0
 class CollectAgent(HttpService):
     """See the module docstring."""
 
-    def __init__(self, config: Config, settings: Settings) -> None:
+    def __init__(
+        self, config: Config, settings: Settings, storage: StorageBackend | None = None
+    ) -> None:
+        """``storage`` overrides the configured backend (tests wrap one to make it fail)."""
         self.settings = settings
         self.storage_settings = config.load(StorageSettings)
         self.metrics = AgentMetrics()
@@ -59,7 +63,7 @@ class CollectAgent(HttpService):
             settings.spool_memory_bytes,
         )
         self.ingestor = Ingestor(self.spool, self.metrics, self.cache, settings.commit_delay_ms)
-        self.storage: StorageBackend | None = None
+        self.storage: StorageBackend | None = storage
         self.writer: Writer | None = None
         self.mqtt: MqttServer | None = None
         self.subscriber: Subscriber | None = None
@@ -106,7 +110,8 @@ class CollectAgent(HttpService):
         await self.spool.open()
         if self.spool.replayed_readings:
             self.metrics.replayed.inc(self.spool.replayed_readings)
-        self.storage = create_storage(self.storage_settings)
+        if self.storage is None:
+            self.storage = create_storage(self.storage_settings)
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
@@ -229,7 +234,7 @@ class CollectAgent(HttpService):
                 "open": w is not None,
                 "failing_for_s": None
                 if w is None or w.failing_since is None
-                else round(asyncio.get_running_loop().time() - w.failing_since, 1),
+                else round(time.monotonic() - w.failing_since, 1),
                 "last_error": w.last_error if w else None,
             },
             "backpressure": self.ingestor.paused,

@@ -333,7 +333,11 @@ class Ingestor:
         if not g.messages and not g.waiters:
             return
         try:
-            items, batch = self.build(g)
+            try:
+                items, batch = self.build(g)
+            except Exception as exc:  # a decoder bug must not stop ingest for everyone
+                log.exception("cannot build a group commit of %d messages", g.messages)
+                raise SpoolError(f"group commit failed: {exc}") from exc
             await self.spool.append(items)
         except SpoolError as exc:
             self.metrics.spool_errors.inc()

@@ -1,0 +1,153 @@
+"""Nothing acknowledged is lost: storage outages, back-pressure at the spool quota, poison records.
+
+Storage is the real SQLite backend wrapped so that writes fail while the test
+says it is down (the outage a stopped database causes, without killing one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import httpx
+import numpy as np
+
+from benchmarks.loadgen_mqtt import dcdb_packets, publish
+from services.collect_agent.app import CollectAgent
+from services.common import codec
+from services.common.errors import PermanentStorageError, RetryableStorageError
+from services.common.readings import Batch
+from services.common.storage.settings import SqliteSettings
+from services.common.storage.sqlite import SqliteStorage
+from tests.collect_agent.conftest import agent_config
+
+TS0 = 1_764_500_000_000_000_000
+
+
+class FlakyStorage(SqliteStorage):
+    """SQLite whose writes fail while ``down`` (retryable) or for ``poison`` sensors (permanent)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(SqliteSettings(path=path))
+        self.down = False
+        self.poison: set[str] = set()
+        self.failed = asyncio.Event()
+        self.writes: list[Batch] = []
+
+    async def write(self, batch: Batch) -> None:
+        if self.down:
+            self.failed.set()
+            raise RetryableStorageError("storage is down (test)")
+        bad = self.poison.intersection(batch.sensors)
+        if bad:
+            raise PermanentStorageError(f"refusing {sorted(bad)} (test)")
+        await super().write(batch)
+        self.writes.append(batch)
+
+
+async def start(tmp_path: Path, storage: FlakyStorage, **settings: Any) -> CollectAgent:
+    from services.collect_agent.settings import Settings
+
+    cfg = agent_config(tmp_path, writer_retry_max_s=0.1, **settings)
+    agent = CollectAgent(cfg, cfg.load(Settings), storage=storage)
+    await agent.start()
+    return agent
+
+
+async def test_outage_spools_acks_then_drains_in_order(tmp_path: Path) -> None:
+    storage = FlakyStorage(tmp_path / "k.sqlite")
+    storage.down = True
+    agent = await start(tmp_path, storage)
+    try:
+        assert agent.mqtt_port
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+            for i in range(40):  # each publish returns on its PUBACK
+                await client.publish(
+                    "/o/s", codec.encode_dcdb([i, i], [TS0 + 2 * i, TS0 + 2 * i + 1]), qos=1
+                )
+        await storage.failed.wait()
+        assert agent.spool.pending_readings == 80
+        stats = agent.stats()
+        assert stats["spool"]["pending_readings"] == 80 and stats["storage"]["last_error"]
+        assert len(await storage.read("/o/s", 0, 2**62)) == 0
+        storage.down = False
+        await agent.spool.wait_empty()
+        stored = await storage.read("/o/s", 0, 2**62)
+        assert stored.timestamps_ns.tolist() == [TS0 + k for k in range(80)]
+        assert stored.values.tolist() == [float(k // 2) for k in range(80)]
+        order = np.concatenate([b.timestamps_ns for b in storage.writes])
+        assert bool(np.all(np.diff(order) > 0))  # drained in the order received
+    finally:
+        await agent.stop()
+
+
+async def test_spool_quota_applies_back_pressure_and_loses_nothing(tmp_path: Path) -> None:
+    storage = FlakyStorage(tmp_path / "k.sqlite")
+    storage.down = True
+    agent = await start(tmp_path, storage, spool_max_bytes=1 << 20, spool_segment_bytes=1 << 16)
+    pressure = asyncio.Event()
+    agent.ingestor.on_pressure.append(lambda on: pressure.set() if on else None)
+    try:
+        assert agent.mqtt_port
+        packets = dcdb_packets(1200, 100, 50)  # 1.9 MB of records, twice the quota
+        sender = asyncio.create_task(asyncio.to_thread(publish, agent.mqtt_port, packets, 2, 400))
+        await pressure.wait()
+        assert not sender.done()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.port}") as http:
+            assert (await http.get("/readyz")).status_code == 503
+            assert (await http.get("/api/v1/stats")).json()["backpressure"] is True
+        assert agent.spool.over_quota
+        storage.down = False
+        result = await sender
+        assert result["messages"] == 1200
+        await agent.spool.wait_empty()
+        assert (await storage.stats())["readings"] == 120_000
+        assert not agent.ingestor.paused
+    finally:
+        await agent.stop()
+
+
+async def test_permanently_refused_series_is_quarantined_others_stored(tmp_path: Path) -> None:
+    storage = FlakyStorage(tmp_path / "k.sqlite")
+    storage.poison = {"/p/bad"}
+    agent = await start(tmp_path, storage)
+    try:
+        assert agent.mqtt_port
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+            await client.publish("/p/good", codec.encode_dcdb([1], [TS0]), qos=1)
+            await client.publish("/p/bad", codec.encode_dcdb([2, 3], [TS0, TS0 + 1]), qos=1)
+            await client.publish("/p/good", codec.encode_dcdb([4], [TS0 + 1]), qos=1)
+        await agent.spool.wait_empty()
+        assert (await storage.read("/p/good", 0, 2**62)).values.tolist() == [1.0, 4.0]
+        registry = agent.metrics.service.registry
+        assert registry.get_sample_value("kelvin_collect_agent_quarantined_readings_total") == 2
+        from services.collect_agent import spool_format as fmt
+
+        records, _ = fmt.scan((agent.spool.dir / "quarantine.wal").read_bytes())
+        data = (agent.spool.dir / "quarantine.wal").read_bytes()
+        kept = [fmt.decode(data[at : at + n]) for _, at, n in records]
+        assert [(list(b.sensors), b.values.tolist()) for b in kept if isinstance(b, Batch)] == [
+            (["/p/bad"], [2.0, 3.0])
+        ]
+    finally:
+        await agent.stop()
+
+
+async def test_storage_unreachable_at_start_spools_until_it_opens(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the database directory should be")
+    storage = FlakyStorage(blocker / "k.sqlite")
+    agent = await start(tmp_path, storage)
+    try:
+        assert agent.mqtt_port
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+            await client.publish("/u/s", codec.encode_dcdb([9], [TS0]), qos=1)
+        assert agent.stats()["storage"]["open"] is False
+        assert agent.spool.pending_readings == 1
+        blocker.unlink()
+        await agent.spool.wait_empty()
+        assert (await storage.read("/u/s", 0, 2**62)).values.tolist() == [9.0]
+    finally:
+        await agent.stop()
