@@ -1,0 +1,89 @@
+# syntax=docker/dockerfile:1.7
+# Kelvin's container image: one image for every service. Each container runs one
+# service in one process: `kelvin run pusher|collect-agent|query-api|allocator`.
+#
+#   docker build -t kelvin:0.1.0 .                       # build context = repository root
+#   docker run --rm -p 8080:8080 kelvin:0.1.0 run query-api --config /etc/kelvin/kelvin.yaml
+#   docker build --target dev -t kelvin:dev .            # Tilt's image (see Tiltfile)
+#
+# The image runs as uid/gid 10001 and works with a read-only root filesystem: the
+# only writable paths are volumes the chart mounts (/tmp, the spool, the
+# allocator and pusher state under /var/lib/kelvin).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------- build: a venv in /opt/kelvin
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/kelvin
+WORKDIR /src
+# Dependencies first, from pyproject.toml alone, so a source change reuses this layer.
+COPY pyproject.toml README.md ./
+RUN --mount=type=cache,target=/root/.cache/pip \
+    mkdir services && touch services/__init__.py \
+    && /opt/kelvin/bin/pip install ".[plugins]" \
+    && /opt/kelvin/bin/pip uninstall --yes kelvin
+COPY services ./services
+# A regular (not editable) install: the package lands in site-packages, with its data files.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/kelvin/bin/pip install --no-deps . \
+    && /opt/kelvin/bin/python -m compileall -q /opt/kelvin/lib
+
+# ---------------------------------------------------------------- runtime
+FROM ${PYTHON_IMAGE} AS runtime
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="kelvin" \
+      org.opencontainers.image.description="Holistic HPC data-center monitoring (DCDB-compatible) and thermal-aware job placement" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/kelvin-hpc/kelvin" \
+      org.opencontainers.image.url="https://github.com/kelvin-hpc/kelvin" \
+      org.opencontainers.image.documentation="https://github.com/kelvin-hpc/kelvin/blob/main/docs/kubernetes.md" \
+      org.opencontainers.image.vendor="Kelvin maintainers" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+RUN groupadd --system --gid 10001 kelvin \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/kelvin --no-create-home \
+       --shell /usr/sbin/nologin kelvin \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/kelvin /var/lib/kelvin/spool \
+       /var/lib/kelvin/allocator /var/lib/kelvin/pusher \
+    && install -d -m 0755 /etc/kelvin
+COPY --from=build /opt/kelvin /opt/kelvin
+# Where the package lives; the dev stage and the Tiltfile's live_update sync use it.
+ENV KELVIN_PACKAGE_DIR=/opt/kelvin/lib/python3.11/site-packages/services
+# Bytecode is compiled at build time; caches go to /tmp (an emptyDir in the chart)
+# because the root filesystem is read-only.
+ENV PATH=/opt/kelvin/bin:${PATH} \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    MPLCONFIGDIR=/tmp/matplotlib
+WORKDIR /var/lib/kelvin
+USER 10001:10001
+# query API, collect agent (HTTP, MQTT), pusher, allocator
+EXPOSE 8080 8081 1883 8082 8083
+ENTRYPOINT ["kelvin"]
+CMD ["--help"]
+
+# ---------------------------------------------------------------- dev: for `tilt up`
+# The package is writable by the runtime user (Tilt syncs changed sources into it)
+# and `kelvin-dev` restarts the service when a Python file changes.
+FROM runtime AS dev
+USER root
+RUN chown -R 10001:10001 "${KELVIN_PACKAGE_DIR}"
+COPY --chmod=0755 <<'EOF' /usr/local/bin/kelvin-dev
+#!/bin/sh
+# Run `kelvin "$@"` and restart it (SIGINT, then SIGKILL after 10 s) when a .py file changes.
+exec watchfiles --filter python --sigint-timeout 10 "kelvin $*" "${KELVIN_PACKAGE_DIR}"
+EOF
+USER 10001:10001
+ENTRYPOINT ["kelvin-dev"]
+
+# ---------------------------------------------------------------- release (the default target)
+FROM runtime AS release

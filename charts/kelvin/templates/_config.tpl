@@ -1,0 +1,131 @@
+{{/*
+kelvin.yaml: the one configuration file every Kelvin container reads
+(`--config /etc/kelvin/kelvin.yaml`). Keys are the services' settings fields
+(services/<service>/settings.py and services/common/storage/settings.py); secrets are not
+here but in KELVIN_* environment variables (_secrets.tpl), which take precedence.
+*/}}
+
+{{/*
+One InfluxDB block of the storage settings. (dict "v" <values> "base" <values> "url" <url>):
+every field of "v" falls back to "base" (shards inherit storage.influxdb).
+*/}}
+{{- define "kelvin.influxSettings" -}}
+{{- $v := .v -}}
+{{- $b := .base -}}
+{{- $out := dict "url" .url -}}
+{{- range $field, $key := dict "database" "database" "measurement" "measurement" "createDatabase" "create_database" "timeoutSeconds" "timeout_s" "retries" "retries" "retentionPolicy" "retention_policy" -}}
+{{- $value := ternary (get $v $field) (get $b $field) (hasKey $v $field) -}}
+{{- if not (and (eq $field "retentionPolicy") (not $value)) -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.storageConfig" -}}
+{{- $s := .Values.storage -}}
+{{- $out := dict "backend" $s.backend -}}
+{{- if eq $s.backend "influxdb" -}}
+{{- $url := $s.influxdb.url -}}
+{{- if .Values.influxdb.enabled -}}
+{{- $url = include "kelvin.serviceURL" (dict "root" . "component" "influxdb" "port" .Values.influxdb.service.port) -}}
+{{- end -}}
+{{- if not $url -}}
+{{- fail "storage.influxdb.url is empty: set it to your InfluxDB (e.g. http://influxdb.monitoring.svc:8086) or set influxdb.enabled=true for the bundled one" -}}
+{{- end -}}
+{{- $_ := set $out "influxdb" (include "kelvin.influxSettings" (dict "v" $s.influxdb "base" $s.influxdb "url" $url) | fromYaml) -}}
+{{- else if eq $s.backend "sharded" -}}
+{{- if not $s.sharded.shards -}}
+{{- fail "storage.backend=sharded needs at least one entry in storage.sharded.shards ({name, url})" -}}
+{{- end -}}
+{{- $names := list -}}
+{{- $shards := list -}}
+{{- range $i, $shard := $s.sharded.shards -}}
+{{- if or (not $shard.name) (not $shard.url) -}}
+{{- fail (printf "storage.sharded.shards[%d] needs a name and a url" $i) -}}
+{{- end -}}
+{{- $names = append $names $shard.name -}}
+{{- $influx := include "kelvin.influxSettings" (dict "v" $shard "base" $s.influxdb "url" $shard.url) | fromYaml -}}
+{{- $shards = append $shards (dict "name" $shard.name "backend" "influxdb" "influxdb" $influx) -}}
+{{- end -}}
+{{- range $i, $rule := $s.sharded.rules -}}
+{{- if not (has $rule.shard $names) -}}
+{{- fail (printf "storage.sharded.rules[%d] routes %s to shard %q, which is not in storage.sharded.shards (%s)" $i $rule.prefix $rule.shard (join ", " $names)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $s.sharded.default (not (has $s.sharded.default $names)) -}}
+{{- fail (printf "storage.sharded.default %q is not in storage.sharded.shards (%s)" $s.sharded.default (join ", " $names)) -}}
+{{- end -}}
+{{- $sharded := dict "shards" $shards "rules" $s.sharded.rules -}}
+{{- with $s.sharded.default }}{{ $_ := set $sharded "default" . }}{{ end -}}
+{{- $_ := set $out "sharded" $sharded -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.collectAgentConfig" -}}
+{{- $c := .Values.collectAgent -}}
+{{- $m := .Values.mqtt -}}
+{{- $out := dict "host" "0.0.0.0" "port" $c.service.httpPort "spool_dir" "/var/lib/kelvin/spool" "spool_max_bytes" (int64 $c.spool.maxBytes) "fsync" $c.spool.fsync -}}
+{{- if eq $m.mode "external" -}}
+{{- if not $m.external.host -}}
+{{- fail "mqtt.mode=external needs mqtt.external.host (the broker the pushers publish to)" -}}
+{{- end -}}
+{{- $_ := set $out "mqtt_enabled" false -}}
+{{- $broker := dict "host" $m.external.host "port" $m.external.port "tls" $m.external.tls "group" $m.external.group "prefixes" $m.external.prefixes "session_expiry_s" $m.external.sessionExpirySeconds "keepalive_s" $m.external.keepaliveSeconds -}}
+{{- $_ := set $out "broker" $broker -}}
+{{- else -}}
+{{- $_ := set $out "mqtt_enabled" true -}}
+{{- $_ := set $out "mqtt_port" $c.service.mqttPort -}}
+{{- if $m.builtin.tls.enabled -}}
+{{- $_ := set $out "mqtt_tls_cert" "/var/run/secrets/kelvin/mqtt-tls/tls.crt" -}}
+{{- $_ := set $out "mqtt_tls_key" "/var/run/secrets/kelvin/mqtt-tls/tls.key" -}}
+{{- end -}}
+{{- end -}}
+{{- include "kelvin.merge" (dict "dst" $out "src" $c.config) -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.queryApiConfig" -}}
+{{- $q := .Values.queryApi -}}
+{{- $out := dict "host" "0.0.0.0" "port" $q.service.port "protect_reads" $q.protectReads -}}
+{{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
+{{- $_ := set $out "collect_agent_url" (include "kelvin.serviceURL" (dict "root" . "component" "collect-agent" "port" .Values.collectAgent.service.httpPort)) -}}
+{{- include "kelvin.merge" (dict "dst" $out "src" $q.config) -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.allocatorConfig" -}}
+{{- $a := .Values.allocator -}}
+{{- $out := dict "host" "0.0.0.0" "port" $a.service.port "state_dir" "/var/lib/kelvin/allocator" "policy" $a.policy -}}
+{{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
+{{- $_ := set $out "query_api_url" (include "kelvin.serviceURL" (dict "root" . "component" "query-api" "port" .Values.queryApi.service.port)) -}}
+{{- include "kelvin.merge" (dict "dst" $out "src" $a.config) -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.pusherConfig" -}}
+{{- $p := .Values.pusher -}}
+{{- $out := dict "host" "0.0.0.0" "port" $p.port "state_dir" "/var/lib/kelvin/pusher" -}}
+{{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
+{{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
+{{- include "kelvin.merge" (dict "dst" $out "src" $p.config) -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "kelvin.config" -}}
+{{- $v := .Values -}}
+{{- $cfg := dict -}}
+{{- $_ := set $cfg "logging" (dict "level" $v.logging.level "json_format" $v.logging.jsonFormat "access_log" $v.logging.accessLog) -}}
+{{- $_ := set $cfg "storage" (include "kelvin.storageConfig" . | fromYaml) -}}
+{{- $_ := set $cfg "collect_agent" (include "kelvin.collectAgentConfig" . | fromYaml) -}}
+{{- $_ := set $cfg "query_api" (include "kelvin.queryApiConfig" . | fromYaml) -}}
+{{- if $v.allocator.enabled -}}
+{{- $_ := set $cfg "allocator" (include "kelvin.allocatorConfig" . | fromYaml) -}}
+{{- end -}}
+{{- if $v.pusher.enabled -}}
+{{- $_ := set $cfg "pusher" (include "kelvin.pusherConfig" . | fromYaml) -}}
+{{- end -}}
+{{- include "kelvin.merge" (dict "dst" $cfg "src" $v.config) -}}
+{{- toYaml $cfg -}}
+{{- end }}

@@ -1,0 +1,53 @@
+{{/* Host volumes of the pusher: /proc and /sys read-only, its state, /sys writable for the setup step. */}}
+{{- define "kelvin.pusherVolumes" -}}
+{{- $p := .values -}}
+- name: proc
+  hostPath:
+    path: {{ $p.hostProc }}
+    type: Directory
+- name: sys
+  hostPath:
+    path: {{ $p.hostSys }}
+    type: Directory
+- name: state
+{{- if $p.stateHostPath }}
+  hostPath:
+    path: {{ $p.stateHostPath }}
+    type: DirectoryOrCreate
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- if $p.rapl.enabled }}
+- name: sys-rw
+  hostPath:
+    path: {{ $p.hostSys }}
+    type: Directory
+{{- end }}
+{{- end }}
+
+{{/*
+Init container run as root before the pusher: makes the RAPL counters readable by
+the pusher's group and/or hands the host state directory to the pusher's user.
+It needs CAP_CHOWN and nothing else.
+*/}}
+{{- define "kelvin.pusherSetup" -}}
+- name: node-setup
+  {{- include "kelvin.image" .ctx | nindent 2 }}
+  command: ["/bin/sh", "-ec"]
+  args:
+    - |
+      {{- .script | nindent 6 }}
+  securityContext:
+    {{- $sc := deepCopy .ctx.values.nodeSetup.securityContext }}
+    {{- $_ := set $sc "capabilities" (dict "drop" (list "ALL") "add" (list "CHOWN")) }}
+    {{- toYaml $sc | nindent 4 }}
+  volumeMounts:
+    {{- if .rapl }}
+    - name: sys-rw
+      mountPath: /host/sys-rw
+    {{- end }}
+    {{- if .state }}
+    - name: state
+      mountPath: /var/lib/kelvin/pusher
+    {{- end }}
+{{- end }}

@@ -1,0 +1,281 @@
+"""The configuration each container gets is one Kelvin accepts, and the one intended.
+
+For every values file, each Kelvin container's kelvin.yaml (the ConfigMap) and
+environment (Secrets resolved, `$(VAR)` expanded as the kubelet does) are loaded
+through the services' real settings classes: an unknown key, a wrong type or an
+env name no setting reads fails here, not on a cluster. No cluster runs here, so
+Secrets the user would create (existingSecret) come from EXISTING_SECRETS below.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from services.cli import SECTIONS
+from services.common.settings import Config, LoggingSettings, SectionSettings
+from services.common.storage.settings import StorageSettings
+from tests.packaging.chart import COMPONENTS, NAMESPACE, Obj, Rendered, containers
+
+EXISTING_SECRETS = {
+    "kelvin-broker": {"username": "agent", "password": 'br"oker\\pw'},
+    "kelvin-influxdb": {"influxdb-token": "influx-token-from-secret"},
+    "influx-compute": {"token": "compute-token"},
+}
+"""Secrets the ci/ values files name as existingSecret, as a site would create them."""
+
+SERVICE_SETTINGS = {c: f"services.{c.replace('-', '_')}.settings" for c in COMPONENTS}
+STORAGE_USERS = {"collect-agent", "query-api"}
+
+
+def settings_classes(component: str) -> list[type[SectionSettings]]:
+    own: type[SectionSettings] = importlib.import_module(SERVICE_SETTINGS[component]).Settings
+    classes: list[type[SectionSettings]] = [own, LoggingSettings]
+    if component in STORAGE_USERS:
+        classes.append(StorageSettings)
+    return classes
+
+
+def container_env(rendered: Rendered, container: Obj) -> dict[str, str]:
+    """The environment the kubelet would give `container`."""
+    chart_secrets = {
+        s["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in s["data"].items()}
+        for s in rendered.of_kind("Secret")
+    }
+    store = {**EXISTING_SECRETS, **chart_secrets}
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        name = item["name"]
+        if "value" in item:
+            env[name] = _expand(str(item["value"]), env)
+            continue
+        source = item["valueFrom"]
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            value = store.get(ref["name"], {}).get(ref["key"])
+            if value is None:
+                assert ref.get("optional"), f"{name}: Secret {ref['name']} has no key {ref['key']}"
+                continue
+            env[name] = value
+        elif "fieldRef" in source:
+            env[name] = f"node-{source['fieldRef']['fieldPath']}"
+    return env
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' dependent variables: $(VAR) of an earlier entry; $$ is a literal $."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        value,
+    )
+
+
+def load_settings(
+    rendered: Rendered, component: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """Settings objects of `component` as its container would load them, by section."""
+    spec = rendered.workload(component)["spec"]["template"]["spec"]
+    (container,) = containers(spec)
+    path = tmp_path / f"{component}.yaml"
+    path.write_text(rendered.config_yaml())
+    for key in [k for k in __import__("os").environ if k.startswith("KELVIN_")]:
+        monkeypatch.delenv(key)
+    for key, value in container_env(rendered, container).items():
+        monkeypatch.setenv(key, value)
+    cfg = Config(path)
+    cfg.check_sections(SECTIONS)
+    return {cls.section: cfg.load(cls) for cls in settings_classes(component)}
+
+
+def _enabled(rendered: Rendered, component: str) -> bool:
+    key = {"pusher": "pusher", "allocator": "allocator"}.get(component)
+    return key is None or rendered.values.get(key, {}).get("enabled", True) is not False
+
+
+def test_every_service_loads_its_settings(
+    rendered: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for component in COMPONENTS:
+        if not _enabled(rendered, component):
+            continue
+        loaded = load_settings(rendered, component, tmp_path, monkeypatch)
+        own = loaded[component.replace("-", "_")]
+        assert own.host == "0.0.0.0"
+        spec = rendered.workload(component)["spec"]["template"]["spec"]
+        ports = {p["containerPort"] for p in spec["containers"][0]["ports"]}
+        assert own.port in ports, f"{component} listens on {own.port}, not a container port"
+
+
+def test_paths_in_the_config_are_mounted(
+    rendered: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every directory a service writes is a volume (the root filesystem is read-only)."""
+    for component, field in [
+        ("collect-agent", "spool_dir"),
+        ("allocator", "state_dir"),
+        ("pusher", "state_dir"),
+    ]:
+        if not _enabled(rendered, component):
+            continue
+        settings = load_settings(rendered, component, tmp_path, monkeypatch)
+        directory = str(getattr(settings[component.replace("-", "_")], field))
+        (c,) = rendered.workload(component)["spec"]["template"]["spec"]["containers"]
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert directory in mounts and not mounts[directory].get("readOnly"), (component, field)
+
+
+def test_env_names_are_settings_the_services_read(rendered: Rendered) -> None:
+    """pydantic-settings ignores unknown KELVIN_* variables: a typo would be silent."""
+    classes = {c for comp in COMPONENTS for c in settings_classes(comp)}
+    for owner in rendered.of_kind("Deployment", "StatefulSet", "DaemonSet"):
+        for c in containers(owner["spec"]["template"]["spec"]):
+            for item in c.get("env", []):
+                name = item["name"]
+                if not name.startswith("KELVIN_") or name.startswith("KELVIN_SHARD_"):
+                    continue
+                assert any(_env_reaches_field(cls, name) for cls in classes), (
+                    f"{owner['metadata']['name']}: {name} is read by no setting"
+                )
+
+
+def _env_reaches_field(cls: type[SectionSettings], name: str) -> bool:
+    prefix = cls.env_prefix()
+    if not name.startswith(prefix):
+        return False
+    model: Any = cls
+    for part in name[len(prefix) :].lower().split("__"):
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return False
+        annotation = fields[part].annotation
+        model = next((a for a in (annotation, *typing.get_args(annotation)) if _is_model(a)), None)
+    return True
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def test_no_secret_lands_in_the_configmap(rendered: Rendered) -> None:
+    text = rendered.config_yaml()
+    for secret in rendered.of_kind("Secret"):
+        for key, encoded in secret["data"].items():
+            value = base64.b64decode(encoded).decode()
+            if key.endswith("-users"):
+                values = list(json.loads(value).values())
+            elif key.endswith(("password", "token")):
+                values = [value]
+            else:
+                continue  # user names are not secret
+            for v in values:
+                assert v not in text, f"the value of {key} is in kelvin.yaml"
+    for word in ("password", "token", "mqtt_users", "api_token"):
+        assert not re.search(rf"^\s*{word}:", text, re.M), f"{word} in kelvin.yaml"
+
+
+def test_default_install_wires_the_services_together(
+    default: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = "kelvin-collect-agent.kelvin.svc"
+    pusher = load_settings(default, "pusher", tmp_path, monkeypatch)["pusher"]
+    assert pusher.brokers == [f"{agent}:1883"]
+    assert pusher.allocator_url == "http://kelvin-allocator.kelvin.svc:8083"
+    query = load_settings(default, "query-api", tmp_path, monkeypatch)
+    assert query["query_api"].collect_agent_url == f"http://{agent}:8081"
+    assert query["query_api"].token is None
+    assert query["storage"].backend == "influxdb"
+    assert query["storage"].influxdb.url == "http://influxdb:8086"
+    allocator = load_settings(default, "allocator", tmp_path, monkeypatch)["allocator"]
+    assert allocator.brokers == [f"{agent}:1883"]
+    assert allocator.query_api_url == "http://kelvin-query-api.kelvin.svc:8080"
+    agent_settings = load_settings(default, "collect-agent", tmp_path, monkeypatch)
+    assert agent_settings["collect_agent"].mqtt_enabled is True
+    assert agent_settings["collect_agent"].broker is None
+
+
+def test_everything_reaches_the_services(
+    everything: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    query = load_settings(everything, "query-api", tmp_path, monkeypatch)
+    assert query["query_api"].token == "query-token"
+    assert query["query_api"].protect_reads is True
+    influx = query["storage"].influxdb
+    assert influx.url == f"http://kelvin-influxdb.{NAMESPACE}.svc:8086"
+    assert (influx.username, influx.password, influx.token) == ("kelvin", "influx-password", None)
+    assert influx.retention_policy == "two_years"
+    assert query["logging"].level == "INFO", "`config` is merged over the values"
+    agent = load_settings(everything, "collect-agent", tmp_path, monkeypatch)["collect_agent"]
+    assert agent.api_token == "agent-token"
+    assert agent.mqtt_users == {"pusher": "pusher-password", "dcdb": "dcdb-password"}
+    assert agent.cache_window_s == 1800
+    (c,) = everything.workload("collect-agent")["spec"]["template"]["spec"]["containers"]
+    tls_dir = str(Path(str(agent.mqtt_tls_cert)).parent)
+    assert tls_dir in {m["mountPath"] for m in c["volumeMounts"]}
+    test_pod = everything.get("Pod", "kelvin-test-query-api")
+    env = container_env(everything, test_pod["spec"]["containers"][0])
+    assert env["KELVIN_QUERY_API_TOKEN"] == "query-token", "helm test must pass protected reads"
+
+
+def test_external_broker_mode(
+    chart_values: dict[str, Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rendered = chart_values["external-broker"]
+    agent = load_settings(rendered, "collect-agent", tmp_path, monkeypatch)["collect_agent"]
+    assert agent.mqtt_enabled is False
+    broker = agent.broker
+    assert broker is not None
+    assert (broker.host, broker.port, broker.tls, broker.group) == (
+        "emqx.mqtt.svc",
+        8883,
+        True,
+        "kelvin-ingest",
+    )
+    assert (broker.username, broker.password) == ("agent", 'br"oker\\pw')
+    assert broker.prefixes == ["/dc", "/facility"] and broker.session_expiry_s == 7200
+    assert agent.spool_max_bytes == 8589934592
+    pusher = load_settings(rendered, "pusher", tmp_path, monkeypatch)["pusher"]
+    assert pusher.brokers == ["emqx.mqtt.svc:8883"]
+    storage = load_settings(rendered, "query-api", tmp_path, monkeypatch)["storage"]
+    assert storage.influxdb.token == "influx-token-from-secret"
+    assert storage.influxdb.username is None, "optional keys missing from the Secret stay unset"
+    svc = rendered.get("Service", "kelvin-collect-agent")
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["http"], "no MQTT port in external mode"
+
+
+def test_sharded_storage_with_credentials_per_shard(
+    chart_values: dict[str, Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rendered = chart_values["sharded-storage"]
+    storage = load_settings(rendered, "collect-agent", tmp_path, monkeypatch)["storage"]
+    assert storage.backend == "sharded"
+    compute, facility = storage.sharded.shards
+    assert (compute.name, compute.influxdb.token, compute.influxdb.password) == (
+        "compute",
+        "compute-token",
+        None,
+    )
+    assert compute.influxdb.timeout_s == 20, "shards inherit storage.influxdb"
+    assert (facility.influxdb.username, facility.influxdb.password) == ("kelvin", "s3cret-facility")
+    assert facility.influxdb.database == "facility" and facility.influxdb.create_database is False
+    assert facility.influxdb.retention_policy == "one_year"
+    assert [(r.prefix, r.shard) for r in storage.sharded.rules] == [
+        ("/dc/rack", "compute"),
+        ("/dc/cooling", "facility"),
+    ]
+    assert storage.sharded.default == "compute"
+
+
+@pytest.fixture(scope="session")
+def chart_values(chart: Any) -> dict[str, Rendered]:
+    from tests.packaging.conftest import VALUES
+
+    return {name: chart.render(values, name) for name, values in VALUES.items()}
