@@ -28,7 +28,7 @@ from services.common.settings import Config
 from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api.context import ApiContext
-from services.query_api.routes import readings, sensors
+from services.query_api.routes import readings, sensors, virtual
 from services.query_api.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ def _reason(exc: KelvinError) -> str:
     from services.query_api.query import QueryError
     from services.query_api.spec import SpecError
     from services.query_api.units import UnitError
+    from services.query_api.virtual.define import DefinitionError
+    from services.query_api.virtual.parser import ExpressionError
 
     reasons: list[tuple[type[Exception], str]] = [
         (TimeSpecError, "bad_time"),
@@ -46,6 +48,8 @@ def _reason(exc: KelvinError) -> str:
         (SpecError, "bad_spec"),
         (UnitError, "bad_unit"),
         (QueryError, "bad_query"),
+        (ExpressionError, "bad_expression"),
+        (DefinitionError, "bad_definition"),
     ]
     for cls, reason in reasons:
         if isinstance(exc, cls):
@@ -75,7 +79,11 @@ def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
         reason = _reason(exc)
         ctx.metrics.rejects.labels(reason).inc()
         _bad_input_log.warning(reason, "%s %s: %s", request.url.path, reason, exc)
-        return JSONResponse({"error": reason, "detail": str(exc)}, status_code=400)
+        body: dict[str, object] = {"error": reason, "detail": str(exc)}
+        position = getattr(exc, "position", None)
+        if isinstance(position, int):
+            body["position"] = position + 1  # 1-based, as the message says
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -109,6 +117,7 @@ def create_app(
     app.include_router(health_router(metrics, ready))
     app.include_router(sensors.router(ctx))
     app.include_router(readings.router(ctx))
+    app.include_router(virtual.router(ctx))
     return app
 
 

@@ -103,9 +103,9 @@ def to_base(unit: Any) -> tuple[Any, Linear]:
 
 
 def text(unit: Any) -> str:
-    """Short text form of a pint unit: ``kW``, ``W·s``, ``degC``; dimensionless is ``''``."""
+    """Short, parseable text of a pint unit: ``kW``, ``kg*m**2/s**3``; dimensionless is ``''``."""
     if unit is None:
         return ""
     if unit == registry().dimensionless:
         return ""
-    return f"{unit:~C}".replace("*", "·")
+    return f"{unit:~C}"

@@ -1,0 +1,71 @@
+"""Serve the console page and its static files from the query API's FastAPI app.
+
+The page is one HTML document plus ES modules and a vendored uPlot, all
+under ``static/``: no build step and no CDN. The document carries a strict
+Content-Security-Policy so that nothing outside this origin can load even if
+a file is edited to reference it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
+
+from services.query_api.console import proxy
+from services.query_api.context import ApiContext
+from services.query_api.routes.common import auth
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_PREFIX = "/console/static"
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; font-src 'self'; object-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+"""uPlot positions its elements through inline styles, hence 'unsafe-inline' for styles only."""
+
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+class _RevalidatingStatic(StaticFiles):
+    """Static files the browser must revalidate (ETag), so an upgrade is seen at once."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
+def mount(app: FastAPI) -> None:
+    """Add the console to ``app`` (a query API app whose ``state.ctx`` is its ApiContext)."""
+    ctx: ApiContext = app.state.ctx
+    read, _ = auth(ctx)
+    pages = APIRouter(include_in_schema=False)
+
+    @pages.get("/")
+    async def index() -> FileResponse:
+        # The page itself is public so that a user can enter the token it then sends.
+        return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+
+    @pages.get("/console")
+    async def console() -> RedirectResponse:
+        return RedirectResponse("/", status_code=308)
+
+    @pages.get("/favicon.ico")
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+    app.include_router(pages)
+    app.include_router(proxy.router(app, ctx, read))
+    app.mount(STATIC_PREFIX, _RevalidatingStatic(directory=STATIC_DIR), name="console-static")

@@ -1,0 +1,90 @@
+"""Virtual sensors over REST: ``/api/v1/virtual`` (list) and ``/api/v1/virtual/{name}``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import JSONResponse
+
+from services.common import names
+from services.query_api.context import ApiContext
+from services.query_api.routes.common import auth
+from services.query_api.virtual.define import VirtualIn
+from services.query_api.virtual.engine import Engine
+
+VirtualName = Annotated[
+    str,
+    Path(description="Virtual sensor name without its leading '/', e.g. hall/pue for /hall/pue"),
+]
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    read, write = auth(ctx)
+    r = APIRouter(prefix="/api/v1", tags=["virtual sensors"])
+
+    def engine() -> Engine:
+        ctx.reader  # noqa: B018 (raises 503 while storage is not open)
+        assert isinstance(ctx.virtual, Engine)
+        return ctx.virtual
+
+    @r.get("/virtual", dependencies=[read], summary="Every virtual sensor and its definition")
+    async def list_virtual() -> dict[str, Any]:
+        ctx.metrics.requests.labels("virtual_list").inc()
+        defs = await ctx.catalog.virtual_defs()
+        return {"virtual": [defs[k] for k in sorted(defs)]}
+
+    @r.get(
+        "/virtual/{name:path}",
+        dependencies=[read],
+        summary="One virtual sensor's definition",
+        responses={404: {"description": "no such virtual sensor"}},
+    )
+    async def show_virtual(name: VirtualName) -> dict[str, Any]:
+        ctx.metrics.requests.labels("virtual_show").inc()
+        full = names.validate("/" + name.lstrip("/"))
+        comp = await engine().compiled(full)  # raises 404
+        defn = dict(await ctx.catalog.virtual(full) or {})
+        defn["dependents"] = await engine().dependents(full)
+        defn["lead_steps"] = comp.lead
+        return defn
+
+    @r.put(
+        "/virtual/{name:path}",
+        dependencies=[write],
+        summary="Define (or redefine) a virtual sensor",
+        responses={
+            200: {
+                "description": "the stored definition (with inferred unit, grid interval, warnings)"
+            },
+            400: {
+                "description": "syntax error (with position), unknown input, unit mismatch, cycle"
+            },
+            401: {"description": "missing or wrong bearer token"},
+        },
+    )
+    async def put_virtual(
+        name: VirtualName,
+        body: VirtualIn,
+        dry_run: Annotated[bool, Query(description="Only validate; store nothing")] = False,
+    ) -> dict[str, Any]:
+        ctx.metrics.requests.labels("virtual_put").inc()
+        full = names.validate("/" + name.lstrip("/"))
+        return await engine().put(full, body, dry_run)
+
+    @r.delete(
+        "/virtual/{name:path}",
+        dependencies=[write],
+        summary="Delete a virtual sensor and its stored results",
+        responses={
+            404: {"description": "no such virtual sensor"},
+            400: {"description": "still used"},
+        },
+    )
+    async def delete_virtual(name: VirtualName) -> JSONResponse:
+        ctx.metrics.requests.labels("virtual_delete").inc()
+        full = names.validate("/" + name.lstrip("/"))
+        await engine().delete(full)
+        return JSONResponse({"deleted": full})
+
+    return r

@@ -1,0 +1,228 @@
+"""Virtual sensors over REST: definitions, mixed rates and units, functions, errors, auth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from services.query_api.app import create_service
+from tests.query_api.conftest import T0, Api, S, make_config
+
+PUE = '("/a/power" + "/b/power") / "/it/power"'
+
+
+async def define(api: Api, name: str, expression: str, **extra: Any) -> httpx.Response:
+    return await api.client.put(
+        f"/api/v1/virtual/{name.lstrip('/')}", json={"expression": expression, **extra}
+    )
+
+
+async def values(
+    api: Api, sensor: str, start_s: float = 0, end_s: float = 11
+) -> list[float | None]:
+    r = await api.client.get(
+        "/api/v1/readings",
+        params={
+            "sensor": sensor,
+            "start": str(T0 + int(start_s * S)),
+            "end": str(T0 + int(end_s * S)),
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["values"]  # type: ignore[no-any-return]
+
+
+async def hall(api: Api) -> None:
+    """/a/power in W every 1 s; /b/power in kW every 2 s; /it/power in kW every 1 s."""
+    await api.write("/a/power", np.arange(11), 100 + 10 * np.arange(11.0), unit="W")
+    await api.write("/b/power", np.arange(0, 11, 2), [0.2, 0.4, 0.1, 0.3, 0.3, 0.5], unit="kW")
+    await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
+
+
+async def test_mixed_rates_and_units_hand_computed(api: Api) -> None:
+    await hall(api)
+    r = await define(api, "/pue", PUE)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["unit"] == "" and d["interval_ms"] == 1000  # the finest input's interval
+    assert d["input_intervals_ms"] == {"/a/power": 1000, "/b/power": 2000, "/it/power": 1000}
+    # t:        0     1     2     3     4     5     6     7     8     9     10
+    # a (W):  100   110   120   130   140   150   160   170   180   190   200
+    # b (W):  200   300   400   250   100   200   300   300   300   400   500  (odd t interpolated)
+    # it (W): 100 everywhere
+    expected = [3.0, 4.1, 5.2, 3.8, 2.4, 3.5, 4.6, 4.7, 4.8, 5.9, 7.0]
+    assert await values(api, "/pue") == pytest.approx(expected)
+
+
+async def test_declared_unit_numbers_with_units_and_conversions(api: Api) -> None:
+    await hall(api)
+    r = await define(api, "/total", '"/a/power" + "/b/power" + 1.5 kW', unit="kW")
+    assert r.status_code == 200, r.text
+    # t=0: 100 W + 200 W + 1500 W = 1.8 kW; t=1: 110 + 300 + 1500 = 1.91 kW
+    assert (await values(api, "/total", 0, 2)) == pytest.approx([1.8, 1.91])
+    r = await api.client.get(
+        "/api/v1/readings", params={"sensor": "/total@W", "start": str(T0), "end": str(T0 + S)}
+    )
+    assert r.json()["values"] == pytest.approx([1800.0]) and r.json()["unit"] == "W"
+
+
+async def test_gaps_larger_than_the_limit_stay_gaps(api: Api) -> None:
+    await api.write("/g", [0, 1, 2, 8, 9, 10], [1.0, 2.0, 3.0, 9.0, 10.0, 11.0], unit="W")
+    assert (await define(api, "/g2", '"/g" * 2')).status_code == 200
+    assert await values(api, "/g2") == [
+        2.0,
+        4.0,
+        6.0,
+        None,
+        None,
+        None,
+        None,
+        None,
+        18.0,
+        20.0,
+        22.0,
+    ]
+    # a declared max_gap_ms bridges it with a straight line
+    assert (await define(api, "/g3", '"/g" * 2', max_gap_ms=6000)).status_code == 200
+    assert await values(api, "/g3", 3, 8) == pytest.approx([8.0, 10.0, 12.0, 14.0, 16.0])
+
+
+async def test_functions_and_wildcards(api: Api) -> None:
+    for k, base in enumerate([100.0, 200.0, 600.0]):
+        await api.write(f"/dc/row0/n{k}/power", [0, 1, 2], [base, base + 10, base + 40], unit="W")
+    await api.write("/dc/row0/n0/temp", [0, 1, 2], [20.0, 21.0, 22.0], unit="degC")
+    cases = {
+        'sum("/dc/row0/*/power")': [900.0, 930.0, 1020.0],
+        'avg("/dc/row0/*/power")': [300.0, 310.0, 340.0],
+        'max("/dc/row0/*/power", 650 W)': [650.0, 650.0, 650.0],
+        'min("/dc/row0/*/power") - 150 W': [-50.0, -40.0, -10.0],
+        'abs(100 W - "/dc/row0/n1/power")': [100.0, 110.0, 140.0],
+        'delta("/dc/row0/n2/power")': [None, 10.0, 30.0],
+        'rate("/dc/row0/n2/power")': [None, 10.0, 30.0],
+        'integral("/dc/row0/n0/power")': [None, 105.0, 125.0],
+        '"/dc/row0/n0/power" ^ 2 / 100 W': [100.0, 121.0, 196.0],
+    }
+    for k, (expr, want) in enumerate(cases.items()):
+        r = await define(api, f"/v/f{k}", expr)
+        assert r.status_code == 200, (expr, r.text)
+        got = await values(api, f"/v/f{k}", 0, 3)
+        assert got == pytest.approx(want, nan_ok=True), expr
+    units = {(await api.client.get(f"/api/v1/virtual/v/f{k}")).json()["unit"] for k in range(6)}
+    assert units == {"W"}
+    assert (await api.client.get("/api/v1/virtual/v/f7")).json()["unit"] != "W"  # W*s
+
+
+async def test_virtual_of_virtual(api: Api) -> None:
+    await hall(api)
+    assert (await define(api, "/pue", PUE)).status_code == 200
+    # a dimensionless ratio of 3.0 is 300 %: pint converts, no factor 100 by hand
+    assert (await define(api, "/pue_pct", '"/pue"', unit="%")).status_code == 200
+    assert (await values(api, "/pue_pct", 0, 2)) == pytest.approx([300.0, 410.0])
+    assert (await define(api, "/pue_x2", '"/pue_pct" * 2')).status_code == 200
+    assert (await values(api, "/pue_x2", 0, 2)) == pytest.approx([600.0, 820.0])
+
+
+async def test_definition_errors(api: Api) -> None:
+    await hall(api)
+    await api.write("/t", [0], [20.0], unit="degC")
+    cases = [
+        ('"/a/power" + "/t"', None, "bad_expression", 12, "cannot add"),
+        ('"/a/power" + "/nope"', None, "bad_expression", 14, "unknown sensor '/nope'"),
+        ('"/a/power" * 2', "degC", "bad_unit", None, "does not match"),
+        ('"/a/power" ^ "/t"', None, "bad_expression", 12, "exponent must be dimensionless"),
+        ('sum("/zz/*")', None, "bad_expression", 5, "matches no sensor"),
+        ('"/a/power" +', None, "bad_expression", 13, "ends early"),
+    ]
+    for expr, unit, kind, position, fragment in cases:
+        r = await define(api, "/bad", expr, **({"unit": unit} if unit else {}))
+        assert r.status_code == 400, (expr, r.text)
+        body = r.json()
+        assert body["error"] == kind and fragment in body["detail"], body
+        assert body.get("position") == position, body
+    assert (await api.client.get("/api/v1/virtual/bad")).status_code == 404
+
+
+async def test_cycles_are_rejected(api: Api) -> None:
+    await hall(api)
+    assert (await define(api, "/v/x", '"/a/power" * 2')).status_code == 200
+    assert (await define(api, "/v/y", '"/v/x" + 1 W')).status_code == 200
+    r = await define(api, "/v/x", '"/v/y" * 2')
+    assert r.status_code == 400 and "/v/x -> /v/y -> /v/x" in r.json()["detail"]
+    r = await define(api, "/v/self", '"/v/self" + 1')
+    assert r.status_code == 400 and "depend on itself" in r.json()["detail"]
+    # a wildcard that would match the sensor being defined is a cycle too
+    r = await define(api, "/v/sum", 'sum("/v/*")')
+    assert r.status_code == 400 and "/v/sum" in r.json()["detail"]
+
+
+async def test_list_show_redefine_delete(api: Api) -> None:
+    await hall(api)
+    assert (await define(api, "/v/p", '"/a/power"', description="copy")).status_code == 200
+    assert (await define(api, "/v/q", '"/v/p" * 2')).status_code == 200
+    listed = (await api.client.get("/api/v1/virtual")).json()["virtual"]
+    assert [d["name"] for d in listed] == ["/v/p", "/v/q"]
+    shown = (await api.client.get("/api/v1/virtual/v/p")).json()
+    assert shown["description"] == "copy" and shown["dependents"] == ["/v/q"]
+    kids = (await api.client.get("/api/v1/sensors", params={"prefix": "/v"})).json()["children"]
+    assert [(k["name"], k["is_virtual"]) for k in kids] == [("/v/p", True), ("/v/q", True)]
+    assert (await values(api, "/v/q", 0, 1)) == [200.0]
+    # redefining drops stored results of the sensor and of what reads it
+    assert (await define(api, "/v/p", '"/a/power" * 3')).status_code == 200
+    assert (await values(api, "/v/q", 0, 1)) == [600.0]
+    r = await api.client.delete("/api/v1/virtual/v/p")
+    assert r.status_code == 400 and "/v/q" in r.json()["detail"]
+    assert (await api.client.delete("/api/v1/virtual/v/q")).status_code == 200
+    assert (await api.client.delete("/api/v1/virtual/v/p")).status_code == 200
+    assert (await api.client.delete("/api/v1/virtual/v/p")).status_code == 404
+    assert (await api.client.get("/api/v1/virtual")).json()["virtual"] == []
+
+
+async def test_dry_run_stores_nothing(api: Api) -> None:
+    await hall(api)
+    r = await api.client.put(
+        "/api/v1/virtual/v/dry", params={"dry_run": "true"}, json={"expression": PUE}
+    )
+    assert r.status_code == 200 and r.json()["name"] == "/v/dry"
+    assert (await api.client.get("/api/v1/virtual/v/dry")).status_code == 404
+
+
+async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path, token="s3cret"))
+    await svc.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+            api = Api(svc, c)
+            await hall(api)
+            body = {"expression": PUE}
+            assert (await c.put("/api/v1/virtual/pue", json=body)).status_code == 401
+            wrong = {"Authorization": "Bearer nope"}
+            assert (await c.put("/api/v1/virtual/pue", json=body, headers=wrong)).status_code == 401
+            good = {"Authorization": "Bearer s3cret"}
+            assert (await c.put("/api/v1/virtual/pue", json=body, headers=good)).status_code == 200
+            assert (await c.delete("/api/v1/virtual/pue")).status_code == 401
+            assert (await c.get("/api/v1/virtual/pue")).status_code == 200
+            assert (await values(api, "/pue", 0, 1)) == pytest.approx([3.0])
+            put = {"name": "/a/power", "unit": "kW"}
+            assert (await c.put("/api/v1/metadata", json=put)).status_code == 401
+            assert (await c.delete("/api/v1/virtual/pue", headers=good)).status_code == 200
+    finally:
+        await svc.stop()
+
+
+async def test_protected_reads(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path, token="s3cret", protect_reads=True))
+    await svc.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+            await Api(svc, c).write("/a", [0], [1.0])
+            assert (await c.get("/api/v1/sensors")).status_code == 401
+            assert (await c.get("/api/v1/readings", params={"sensor": "/a"})).status_code == 401
+            ok = await c.get("/api/v1/sensors", headers={"Authorization": "Bearer s3cret"})
+            assert ok.status_code == 200
+            assert (await c.get("/healthz")).status_code == 200  # probes stay open
+    finally:
+        await svc.stop()

@@ -1,0 +1,134 @@
+"""Lazy evaluation with write-back: counted storage reads, partial ranges, late data, settling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from services.common import times
+from services.common.readings import Series
+from services.common.storage.base import StorageBackend
+from services.query_api.app import create_service
+from tests.query_api.conftest import T0, Api, S, make_config
+
+PUE = '("/a/power" + "/b/power") / "/it/power"'
+
+
+class CountingStorage:
+    """The real backend, with a count of reading reads (a wrapper, not a fake)."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        self.inner = inner
+        self.reads: list[str] = []
+
+    async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
+        self.reads.append(sensor)
+        return await self.inner.read(sensor, start_ns, end_ns)
+
+    async def read_many(self, sensors: list[str], start_ns: int, end_ns: int) -> dict[str, Series]:
+        self.reads.extend(sensors)
+        return await self.inner.read_many(sensors, start_ns, end_ns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def counting(api: Api) -> CountingStorage:
+    wrapped = CountingStorage(api.storage)
+    api.service.ctx.attach(wrapped)  # type: ignore[arg-type]
+    return wrapped
+
+
+async def hall(api: Api) -> None:
+    await api.write("/a/power", np.arange(11), 100 + 10 * np.arange(11.0), unit="W")
+    await api.write("/b/power", np.arange(0, 11, 2), [0.2, 0.4, 0.1, 0.3, 0.3, 0.5], unit="kW")
+    await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
+
+
+async def get(api: Api, sensor: str, start_s: float, end_s: float) -> list[float | None]:
+    r = await api.client.get(
+        "/api/v1/readings",
+        params={
+            "sensor": sensor,
+            "start": str(T0 + int(start_s * S)),
+            "end": str(T0 + int(end_s * S)),
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["values"]  # type: ignore[no-any-return]
+
+
+def metric(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+async def test_second_query_reads_no_input(api: Api, counting: CountingStorage) -> None:
+    await hall(api)
+    assert (
+        await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    ).status_code == 200
+    counting.reads.clear()  # defining estimates the inputs' intervals from their readings
+    first = await get(api, "/pue", 0, 11)
+    assert sorted(counting.reads) == ["/a/power", "/b/power", "/it/power"]
+    counting.reads.clear()
+    second = await get(api, "/pue", 0, 11)
+    assert counting.reads == [] and second == first
+    m = (await api.client.get("/metrics")).text
+    assert metric(m, "kelvin_query_api_virtual_points_computed_total") == 11
+    assert metric(m, "kelvin_query_api_virtual_points_reused_total") == 11
+
+
+async def test_only_missing_sub_ranges_are_computed(api: Api, counting: CountingStorage) -> None:
+    await hall(api)
+    await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    await get(api, "/pue", 3, 6)  # t = 3, 4, 5
+    whole = await get(api, "/pue", 0, 11)
+    assert whole == pytest.approx([3.0, 4.1, 5.2, 3.8, 2.4, 3.5, 4.6, 4.7, 4.8, 5.9, 7.0])
+    m = (await api.client.get("/metrics")).text
+    # 3 points, then the 3 + 5 around them; the middle three are reused
+    assert metric(m, "kelvin_query_api_virtual_points_computed_total") == 11
+    assert metric(m, "kelvin_query_api_virtual_points_reused_total") == 3
+
+
+async def test_late_data_invalidates_affected_results(api: Api, counting: CountingStorage) -> None:
+    await hall(api)
+    await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    await api.client.put("/api/v1/virtual/pue2", json={"expression": '"/pue" * 2'})
+    before = await get(api, "/pue2", 0, 11)
+    counting.reads.clear()
+    assert await get(api, "/pue2", 0, 11) == before and counting.reads == []
+    # a late reading of /b/power at t=5 (was interpolated as 200 W): 0.6 kW
+    await api.write("/b/power", [5], [0.6])
+    after = await get(api, "/pue2", 0, 11)
+    assert counting.reads  # recomputed from the inputs
+    # t=5: (150 + 600) / 100 * 2 = 15; t=4 and t=6 keep their readings
+    assert after[5] == pytest.approx(15.0)
+    assert after[:5] == pytest.approx(before[:5]) and after[6:] == pytest.approx(before[6:])
+    m = (await api.client.get("/metrics")).text
+    assert metric(m, "kelvin_query_api_virtual_invalidations_total") >= 1
+
+
+async def test_recent_results_are_not_stored_until_they_settle(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path, virtual_settle_s=3600))
+    await svc.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+            api = Api(svc, c)
+            counting = CountingStorage(api.storage)
+            svc.ctx.attach(counting)  # type: ignore[arg-type]
+            now_s = (times.now_ns() - T0) / S
+            await api.write("/a/power", now_s - np.arange(10, 0, -1), np.arange(10.0), unit="W")
+            await c.put("/api/v1/virtual/x", json={"expression": '"/a/power" * 2'})
+            params = {"sensor": "/x", "start": "now-20s", "end": "now"}
+            assert (await c.get("/api/v1/readings", params=params)).json()["count"] > 0
+            counting.reads.clear()
+            await c.get("/api/v1/readings", params=params)
+            assert counting.reads == ["/a/power"]  # nothing was stored: computed again
+    finally:
+        await svc.stop()
