@@ -349,8 +349,11 @@ class MqttPublisher(Publisher):
             if self._closing and not self._inflight and not self._pending:
                 self._drained.set()
             self._wake.clear()
-            if self.o.bursty and self._pending and not self._closing:
-                wait = max(0.0, self._next_burst - time.time())
+            if self.o.bursty and not self._closing:
+                now = time.time()
+                if now >= self._next_burst:  # a burst instant with nothing to send
+                    self._next_burst = self._next_burst_after(now)
+                wait = self._next_burst - now
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
             else:
