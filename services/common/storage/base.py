@@ -3,9 +3,14 @@
 All methods are async. Times are int64 ns since the epoch; ranges are
 half-open ``[start_ns, end_ns)``. Writes are idempotent: a reading with the
 same sensor and timestamp as a stored one replaces it (last write wins), so a
-redelivered batch never duplicates. Failures raise
+redelivered batch never duplicates. Values are any float64, NaN and +-inf
+included. Failures raise
 :class:`~services.common.errors.RetryableStorageError` (try later) or
 :class:`~services.common.errors.PermanentStorageError` (do not retry).
+
+Several instances may open the same store at once (the collect agent writes
+while the query API reads, in one process or two); each sees the others'
+committed writes.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ class StorageBackend(ABC):
     """The one storage interface of Kelvin."""
 
     kind: ClassVar[str] = "abstract"
+    atomic_writes: ClassVar[bool] = True
+    """True: a failed :meth:`write` stored nothing of its batch. False: part of
+    it may be stored (at-least-once); the caller retries the whole batch, which
+    is idempotent."""
 
     # ------------------------------------------------------------------ lifecycle
     @abstractmethod
@@ -64,7 +73,9 @@ class StorageBackend(ABC):
     # ------------------------------------------------------------------ readings
     @abstractmethod
     async def write(self, batch: Batch) -> None:
-        """Store every reading of ``batch`` atomically (all or nothing) and idempotently."""
+        """Store every reading of ``batch`` idempotently (all or nothing where
+        :attr:`atomic_writes`). An invalid sensor name anywhere in the batch rejects
+        the whole batch before anything is stored (PermanentStorageError)."""
 
     @abstractmethod
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
@@ -76,7 +87,8 @@ class StorageBackend(ABC):
     async def read_many(
         self, sensors: Sequence[str], start_ns: int, end_ns: int
     ) -> dict[str, Series]:
-        """Several sensors at once (backends override to fan out / batch)."""
+        """Several sensors at once (backends override to fan out / batch); every
+        requested name is a key of the result (empty series when unknown)."""
         return {s: await self.read(s, start_ns, end_ns) for s in sensors}
 
     @abstractmethod
@@ -132,7 +144,8 @@ class StorageBackend(ABC):
         values: Float64Array,
         computed_at_ns: int,
     ) -> None:
-        """Store computed points and mark ``[start_ns, end_ns)`` as covered."""
+        """Replace stored points in ``[start_ns, end_ns)`` by these and mark the range
+        covered (points outside it are ignored)."""
 
     @abstractmethod
     async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
@@ -146,7 +159,12 @@ class StorageBackend(ABC):
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         """For sensors written to after wall-clock ``since_ns``: the smallest reading
         timestamp among those writes. Lets the query API find late data that
-        invalidates stored virtual results."""
+        invalidates stored virtual results.
+
+        Conservative: a backend may report a timestamp earlier than the true one
+        (by at most a few seconds, or each sensor's earliest reading when
+        ``since_ns`` is older than its write log) and, on InfluxDB, rarely a
+        sensor that was not written; it never misses a write."""
 
     # ------------------------------------------------------------------ jobs
     @abstractmethod
@@ -162,15 +180,18 @@ class StorageBackend(ABC):
     # ------------------------------------------------------------------ retention
     @abstractmethod
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
-        """Delete readings of one sensor in a range; returns how many (or -1 if unknown)."""
+        """Delete readings of one sensor in a range; returns how many stored points
+        were removed (or -1 if the backend cannot tell)."""
 
     @abstractmethod
     async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:
-        """Delete every reading older than ``ts_ns`` under ``prefix``."""
+        """Delete every reading older than ``ts_ns`` under ``prefix``; count as
+        :meth:`delete_range`."""
 
     @abstractmethod
     async def apply_retention(self, now_ns: int) -> int:
-        """Delete readings older than each sensor's ``ttl_ms``."""
+        """Delete readings older than each sensor's ``ttl_ms`` (from its metadata)
+        at wall-clock ``now_ns``; count as :meth:`delete_range`."""
 
     @abstractmethod
     async def stats(self) -> dict[str, Any]:

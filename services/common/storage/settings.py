@@ -26,6 +26,15 @@ class SqliteSettings(BaseModel):
     """SQLite ``synchronous`` pragma: NORMAL is crash-safe in WAL mode (may lose the last commit on power loss)."""
     busy_timeout_ms: int = Field(10_000, ge=0)
     """How long a writer waits for the lock before raising a retryable error."""
+    reader_threads: int = Field(2, ge=1, le=32)
+    """Threads (each with its own connection) serving reads; writes have one thread."""
+    compact_readings: int = Field(262_144, ge=1)
+    """Compact staged writes into per-sensor chunks once they hold this many readings."""
+    compact_writes: int = Field(128, ge=1)
+    """... or once this many writes are staged (many tiny batches)."""
+    modified_log_s: float = Field(86_400.0, gt=0)
+    """How long the log behind ``modified_since`` is kept; older questions get a
+    conservative answer (each sensor's earliest reading)."""
 
 
 class InfluxSettings(BaseModel):

@@ -1,83 +1,90 @@
 """The embedded default backend: one SQLite file in WAL mode, no server to run.
 
-One writer connection on a dedicated thread (SQLite allows one writer at a
-time); reads use their own connection on another thread so that a long range
-read never waits for ingest. Readings are one row per (sensor id, timestamp),
-``WITHOUT ROWID`` so the primary key is the clustered index a range scan walks.
+Readings are staged one row per write and compacted into per-sensor columnar
+chunks (:mod:`.sqlite_readings`); metadata, virtual sensors and jobs are plain
+tables (:mod:`.sqlite_catalog`). One writer connection on a dedicated thread
+(SQLite allows one writer at a time); reads run on a small pool of reader
+threads, each with its own connection, inside a read transaction so that a
+read never sees half of a compaction. Several instances (in one process or
+several) may open the same file: SQLite's locks serialise their writers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
+from prometheus_client import CollectorRegistry
 
 from services.common import names
-from services.common.errors import PermanentStorageError, RetryableStorageError
+from services.common.errors import (
+    PermanentStorageError,
+    RetryableStorageError,
+    SensorNameError,
+    StorageError,
+)
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
+from services.common.storage import chunks
+from services.common.storage import sqlite_catalog as cat
 from services.common.storage.base import Child, StorageBackend, VirtualResults
+from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
+from services.common.storage.sqlite_readings import (
+    ChunkStore,
+    modified_since,
+    newest_ts,
+    prune_writes,
+    read_pieces,
+    staged_index,
+)
+from services.common.storage.sqlite_schema import SCHEMA_VERSION, ensure_schema
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = [
-    "CREATE TABLE IF NOT EXISTS meta_kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS sensors (
-        id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, metadata TEXT)""",
-    """CREATE TABLE IF NOT EXISTS readings (
-        sid INTEGER NOT NULL, ts INTEGER NOT NULL, value REAL,
-        PRIMARY KEY (sid, ts)) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS writes (
-        sid INTEGER NOT NULL, written_at INTEGER NOT NULL, min_ts INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS writes_at ON writes (written_at)",
-    "CREATE TABLE IF NOT EXISTS virtual_defs (name TEXT PRIMARY KEY, definition TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS virtual_ranges (
-        name TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
-        computed_at INTEGER NOT NULL, PRIMARY KEY (name, start_ns))""",
-    """CREATE TABLE IF NOT EXISTS virtual_points (
-        name TEXT NOT NULL, ts INTEGER NOT NULL, value REAL,
-        PRIMARY KEY (name, ts)) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS jobs (
-        domain_id TEXT NOT NULL, job_id TEXT NOT NULL, user_id TEXT,
-        start_ns INTEGER NOT NULL, end_ns INTEGER, nodes TEXT NOT NULL,
-        PRIMARY KEY (domain_id, job_id))""",
-]
+_MIN_I64 = -(2**63)
 
 
-def _wrap(exc: sqlite3.Error) -> Exception:
+def _wrap(exc: sqlite3.Error) -> tuple[StorageError, str]:
+    """(error to raise, metric reason) for a driver error."""
     msg = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and (
-        "locked" in msg or "busy" in msg or "disk I/O" in msg or "unable to open" in msg
-    ):
-        return RetryableStorageError(f"sqlite: {msg}")
-    if isinstance(exc, sqlite3.OperationalError) and "full" in msg:
-        return RetryableStorageError(f"sqlite: {msg} (free disk space)")
-    return PermanentStorageError(f"sqlite: {msg}")
+    if isinstance(exc, sqlite3.OperationalError):
+        if "locked" in msg or "busy" in msg:
+            return RetryableStorageError(f"sqlite: {msg} (another writer holds the lock)"), "locked"
+        if "full" in msg:
+            return RetryableStorageError(f"sqlite: {msg} (free disk space)"), "disk_full"
+        if "disk I/O" in msg or "unable to open" in msg:
+            return RetryableStorageError(f"sqlite: {msg}"), "io"
+    return PermanentStorageError(f"sqlite: {msg}"), "permanent"
 
 
 class SqliteStorage(StorageBackend):
     """SQLite backend (see module docstring)."""
 
     kind: ClassVar[str] = "sqlite"
+    atomic_writes: ClassVar[bool] = True
 
-    def __init__(self, settings: SqliteSettings | None = None) -> None:
+    def __init__(
+        self, settings: SqliteSettings | None = None, registry: CollectorRegistry | None = None
+    ) -> None:
         self.settings = settings or SqliteSettings()
         self.path = Path(self.settings.path)
-        self._wx = ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
-        self._rx = ThreadPoolExecutor(1, thread_name_prefix="sqlite-r")
+        self.metrics = StorageMetrics.of(registry)
+        self.store = ChunkStore()
         self._w: sqlite3.Connection | None = None
-        self._r: sqlite3.Connection | None = None
-        self._sids: dict[str, int] = {}
+        self._readers: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._wx: ThreadPoolExecutor | None = None
+        self._rx: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _connect(self) -> sqlite3.Connection:
@@ -87,269 +94,248 @@ class SqliteStorage(StorageBackend):
         con.execute(f"PRAGMA synchronous={self.settings.synchronous}")
         return con
 
-    async def _call(self, pool: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+    def _reader(self) -> sqlite3.Connection:
+        con: sqlite3.Connection | None = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = self._connect()
+            with self._lock:
+                self._readers.append(con)
+        return con
+
+    async def _run(self, pool: ThreadPoolExecutor | None, op: str, fn: Callable[[], T]) -> T:
+        if pool is None:
+            raise RetryableStorageError(f"sqlite storage {self.path} is not open")
+        started = time.perf_counter()
+
         def guarded() -> T:
             try:
                 return fn()
             except sqlite3.Error as exc:
-                raise _wrap(exc) from exc
-
-        return await asyncio.get_running_loop().run_in_executor(pool, guarded)
-
-    async def _wcall(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._w is None:
-            raise RetryableStorageError("sqlite storage is not open")
-        con = self._w
-        return await self._call(self._wx, lambda: fn(con))
-
-    async def _rcall(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._r is None:
-            raise RetryableStorageError("sqlite storage is not open")
-        con = self._r
-        return await self._call(self._rx, lambda: fn(con))
-
-    async def open(self) -> None:
-        def setup() -> tuple[sqlite3.Connection, sqlite3.Connection]:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            w = self._connect()
-            for stmt in _SCHEMA:
-                w.execute(stmt)
-            row = w.execute("SELECT value FROM meta_kv WHERE key='schema_version'").fetchone()
-            if row is None:
-                w.execute(
-                    "INSERT INTO meta_kv VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise PermanentStorageError(
-                    f"sqlite: {self.path} has schema version {row[0]}, newer than this Kelvin "
-                    f"({SCHEMA_VERSION}); upgrade Kelvin"
-                )
-            return w, self._connect()
+                err, reason = _wrap(exc)
+                self.metrics.errors.labels(self.kind, reason).inc()
+                raise err from exc
 
         try:
-            self._w, self._r = await self._call(self._wx, setup)
+            return await asyncio.get_running_loop().run_in_executor(pool, guarded)
+        finally:
+            self.metrics.op_seconds.labels(self.kind, op).observe(time.perf_counter() - started)
+
+    async def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one read transaction (a consistent snapshot)."""
+
+        def tx() -> T:
+            con = self._reader()
+            con.execute("BEGIN")
+            try:
+                return fn(con)
+            finally:
+                con.execute("COMMIT")
+
+        return await self._run(self._rx, op, tx)
+
+    async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction on the writer thread."""
+        con = self._w
+
+        def tx() -> T:
+            assert con is not None
+            return self._in_write_tx(con, fn)
+
+        return await self._run(self._wx if con is not None else None, op, tx)
+
+    def _in_write_tx(self, con: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(con)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            self.store.forget_uncommitted()
+            raise
+        return result
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self) -> None:
+        if self._w is not None:
+            return
+        self._wx = ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
+        self._rx = ThreadPoolExecutor(self.settings.reader_threads, thread_name_prefix="sqlite-r")
+
+        def setup() -> sqlite3.Connection:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            con = self._connect()
+            try:
+                found = ensure_schema(con, str(self.path))
+            except BaseException:
+                con.close()
+                raise
+            if found and found < SCHEMA_VERSION:
+                log.info(
+                    "sqlite: migrated %s from schema %d to %d", self.path, found, SCHEMA_VERSION
+                )
+            return con
+
+        try:
+            self._w = await self._run(self._wx, "open", setup)
         except OSError as exc:
+            await self.close()
             raise PermanentStorageError(f"sqlite: cannot create {self.path}: {exc}") from exc
+        except BaseException:
+            await self.close()
+            raise
+        self.metrics.service.up.set(1)
 
     async def close(self) -> None:
-        for con, pool in ((self._w, self._wx), (self._r, self._rx)):
-            if con is not None:
-                await asyncio.get_running_loop().run_in_executor(pool, con.close)
-        self._w = self._r = None
-        self._wx.shutdown(wait=True)
-        self._rx.shutdown(wait=True)
-        self._wx = ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
-        self._rx = ThreadPoolExecutor(1, thread_name_prefix="sqlite-r")
+        for pool in (self._wx, self._rx):
+            if pool is not None:
+                await asyncio.get_running_loop().run_in_executor(None, pool.shutdown, True)
+        self._wx = self._rx = None
+        if self._w is not None:
+            self._w.close()
+            self._w = None
+        with self._lock:
+            for con in self._readers:
+                con.close()
+            self._readers.clear()
+        self._local = threading.local()
 
     async def ping(self) -> bool:
         try:
-            await self._rcall(lambda c: c.execute("SELECT 1").fetchone())
+            await self._read("ping", lambda c: c.execute("SELECT 1").fetchone())
             return True
-        except Exception:
+        except StorageError:
             return False
-
-    def _sid(self, con: sqlite3.Connection, name: str, create: bool) -> int | None:
-        sid = self._sids.get(name)
-        if sid is not None:
-            return sid
-        row = con.execute("SELECT id FROM sensors WHERE name=?", (name,)).fetchone()
-        if row is None:
-            if not create:
-                return None
-            sid = int(
-                con.execute(
-                    "INSERT INTO sensors(name) VALUES (?) RETURNING id", (name,)
-                ).fetchone()[0]
-            )
-        else:
-            sid = int(row[0])
-        if create:
-            self._sids[name] = sid
-        return sid
 
     # ------------------------------------------------------------------ readings
     async def write(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
-        for s in set(batch.sensors):
-            names.validate(s)
+        try:
+            for s in set(batch.sensors):
+                names.validate(s)
+        except SensorNameError as exc:
+            self.metrics.errors.labels(self.kind, "bad_name").inc()
+            raise PermanentStorageError(f"sqlite: batch rejected, nothing stored: {exc}") from exc
+        store = self.store
 
-        def tx(con: sqlite3.Connection) -> None:
-            now = time.time_ns()
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                sids = np.fromiter(
-                    (self._sid(con, s, True) for s in batch.sensors),
-                    dtype=np.int64,
-                    count=batch.series_count,
-                )
-                per_reading = np.repeat(sids, batch.counts)
-                rows = zip(
-                    per_reading.tolist(),
-                    batch.timestamps_ns.tolist(),
-                    _nan_to_none(batch.values),
-                    strict=True,
-                )
-                con.executemany("INSERT OR REPLACE INTO readings VALUES (?,?,?)", rows)
-                mins: dict[int, int] = {}
-                for sid, s in zip(sids.tolist(), batch, strict=True):
-                    if len(s):
-                        m = int(s.timestamps_ns.min())
-                        mins[sid] = min(m, mins.get(sid, m))
-                con.executemany(
-                    "INSERT INTO writes VALUES (?,?,?)", [(k, now, v) for k, v in mins.items()]
-                )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                self._sids.clear()  # ids created in the rolled-back transaction are gone
-                raise
+        def tx(con: sqlite3.Connection) -> int:
+            sids = store.sensor_ids(con, batch.sensors)
+            store.stage(con, batch, sids, time.time_ns())
+            rows, staged = store.staged_totals(con)
+            if staged >= self.settings.compact_readings or rows >= self.settings.compact_writes:
+                return staged
+            return -staged - 1
 
-        await self._wcall(tx)
+        staged = await self._write("write", tx)
+        self.metrics.written.labels(self.kind).inc(len(batch))
+        if staged >= 0:
+            await self._compact_quietly()
+        else:
+            self.metrics.staged.labels(self.kind).set(-staged - 1)
+
+    async def compact(self) -> int:
+        """Move every staged write into chunks now; returns the readings moved."""
+
+        def tx(con: sqlite3.Connection) -> int:
+            moved = self.store.compact(con)
+            prune_writes(con, time.time_ns() - int(self.settings.modified_log_s * 1e9))
+            return moved
+
+        moved = await self._write("compact", tx)
+        self.metrics.compactions.labels(self.kind).inc()
+        self.metrics.staged.labels(self.kind).set(0)
+        return moved
+
+    async def _compact_quietly(self) -> None:
+        # The write is committed already; a failed compaction only delays the next one.
+        try:
+            await self.compact()
+        except StorageError as exc:
+            self.metrics.errors.labels(self.kind, "compaction").inc()
+            log.warning("sqlite: compaction of %s failed, will retry: %s", self.path, exc)
+
+    def _series(
+        self, con: sqlite3.Connection, sensor: str, start: int, end: int, staged: Any
+    ) -> Series:
+        found = self.store.sensor_id(con, sensor)
+        if found is None or start >= end:
+            return Series.empty(sensor)
+        ts, vs = chunks.merge(read_pieces(con, found[0], found[1], start, end, staged))
+        if not ts.flags.writeable:
+            ts, vs = ts.copy(), vs.copy()
+        return Series(sensor, ts, vs)
 
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
-        def q(con: sqlite3.Connection) -> Series:
-            row = con.execute("SELECT id FROM sensors WHERE name=?", (sensor,)).fetchone()
-            if row is None:
-                return Series.empty(sensor)
-            cur = con.execute(
-                "SELECT ts, value FROM readings WHERE sid=? AND ts>=? AND ts<? ORDER BY ts",
-                (row[0], start_ns, end_ns),
-            )
-            data = cur.fetchall()
-            if not data:
-                return Series.empty(sensor)
-            ts = np.fromiter((r[0] for r in data), dtype=np.int64, count=len(data))
-            vs = np.fromiter(
-                (np.nan if r[1] is None else r[1] for r in data), dtype=np.float64, count=len(data)
-            )
-            return Series(sensor, ts, vs)
+        series = await self._read(
+            "read",
+            lambda c: self._series(c, sensor, start_ns, end_ns, staged_index(c, start_ns, end_ns)),
+        )
+        self.metrics.read_points.labels(self.kind).inc(len(series))
+        return series
 
-        return await self._rcall(q)
+    async def read_many(
+        self, sensors: Sequence[str], start_ns: int, end_ns: int
+    ) -> dict[str, Series]:
+        def q(con: sqlite3.Connection) -> dict[str, Series]:
+            staged = staged_index(con, start_ns, end_ns)  # once for every sensor
+            return {s: self._series(con, s, start_ns, end_ns, staged) for s in sensors}
+
+        out = await self._read("read", q)
+        self.metrics.read_points.labels(self.kind).inc(sum(len(s) for s in out.values()))
+        return out
 
     async def latest(self, sensor: str) -> tuple[int, float] | None:
         def q(con: sqlite3.Connection) -> tuple[int, float] | None:
-            row = con.execute(
-                "SELECT r.ts, r.value FROM readings r JOIN sensors s ON s.id=r.sid "
-                "WHERE s.name=? ORDER BY r.ts DESC LIMIT 1",
-                (sensor,),
-            ).fetchone()
-            if row is None:
+            found = self.store.sensor_id(con, sensor)
+            if found is None:
                 return None
-            return int(row[0]), float("nan") if row[1] is None else float(row[1])
+            staged = staged_index(con, _MIN_I64, 2**63 - 1)
+            t = newest_ts(con, found[0], found[1], staged)
+            if t is None:
+                return None
+            s = self._series(con, sensor, t, t + 1, staged)
+            return (int(s.timestamps_ns[-1]), float(s.values[-1])) if len(s) else None
 
-        return await self._rcall(q)
+        return await self._read("latest", q)
 
     # ------------------------------------------------------------------ hierarchy
     async def has_sensor(self, sensor: str) -> bool:
-        return await self._rcall(
+        return await self._read(
+            "has_sensor",
             lambda c: (
                 c.execute("SELECT 1 FROM sensors WHERE name=?", (sensor,)).fetchone() is not None
-            )
+            ),
         )
 
     async def sensors(self, prefix: str = "/") -> list[str]:
-        def q(con: sqlite3.Connection) -> list[str]:
-            if prefix == "/":
-                rows = con.execute("SELECT name FROM sensors ORDER BY name").fetchall()
-            else:
-                rows = con.execute(
-                    "SELECT name FROM sensors WHERE name=? OR (name>=? AND name<?) ORDER BY name",
-                    (prefix, prefix + "/", prefix + "0"),  # '0' sorts right after '/'
-                ).fetchall()
-            return [r[0] for r in rows]
-
-        return await self._rcall(q)
+        return await self._read("sensors", lambda c: cat.sensor_names(c, prefix))
 
     async def children(self, prefix: str = "/") -> list[Child]:
-        all_names = await self.sensors(prefix)
-        kids: dict[str, list[bool]] = {}
-        for n in all_names:
-            c = names.child_of(n, prefix)
-            if c is None:
-                continue
-            entry = kids.setdefault(c, [False, False])
-            if n == c:
-                entry[0] = True
-            else:
-                entry[1] = True
-        return [Child(k, v[0], v[1]) for k, v in sorted(kids.items())]
+        return cat.children_of(await self.sensors(prefix), prefix)
 
     # ------------------------------------------------------------------ metadata
     async def get_metadata(self, sensor: str) -> SensorMetadata | None:
-        def q(con: sqlite3.Connection) -> SensorMetadata | None:
-            row = con.execute("SELECT metadata FROM sensors WHERE name=?", (sensor,)).fetchone()
-            if row is None or row[0] is None:
-                return None
-            return SensorMetadata.model_validate_json(row[0])
-
-        return await self._rcall(q)
+        return await self._read("metadata", lambda c: cat.get_metadata(c, sensor))
 
     async def put_metadata(self, meta: SensorMetadata) -> None:
-        def tx(con: sqlite3.Connection) -> None:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                self._sid(con, meta.name, True)
-                row = con.execute(
-                    "SELECT metadata FROM sensors WHERE name=?", (meta.name,)
-                ).fetchone()
-                merged = meta
-                if row and row[0]:
-                    merged = SensorMetadata.model_validate_json(row[0]).merged(meta)
-                con.execute(
-                    "UPDATE sensors SET metadata=? WHERE name=?",
-                    (merged.model_dump_json(exclude_defaults=False), meta.name),
-                )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                self._sids.pop(meta.name, None)
-                raise
-
-        await self._wcall(tx)
+        await self._write("metadata", lambda c: cat.put_metadata(c, meta))
 
     async def list_metadata(self, prefix: str = "/") -> list[SensorMetadata]:
-        wanted = set(await self.sensors(prefix))
-
-        def q(con: sqlite3.Connection) -> list[SensorMetadata]:
-            rows = con.execute(
-                "SELECT name, metadata FROM sensors WHERE metadata IS NOT NULL ORDER BY name"
-            )
-            return [SensorMetadata.model_validate_json(m) for n, m in rows if n in wanted]
-
-        return await self._rcall(q)
+        return await self._read("metadata", lambda c: cat.list_metadata(c, prefix))
 
     # ------------------------------------------------------------------ virtual sensors
     async def put_virtual(self, name: str, definition: dict[str, Any]) -> None:
-        text = json.dumps(definition)
-        await self._wcall(
-            lambda c: c.execute("INSERT OR REPLACE INTO virtual_defs VALUES (?,?)", (name, text))
-        )
+        await self._write("virtual", lambda c: cat.put_virtual(c, name, definition))
 
     async def get_virtual(self, name: str) -> dict[str, Any] | None:
-        row = await self._rcall(
-            lambda c: c.execute(
-                "SELECT definition FROM virtual_defs WHERE name=?", (name,)
-            ).fetchone()
-        )
-        return None if row is None else dict(json.loads(row[0]))
+        return await self._read("virtual", lambda c: cat.get_virtual(c, name))
 
     async def list_virtual(self) -> dict[str, dict[str, Any]]:
-        rows = await self._rcall(
-            lambda c: c.execute("SELECT name, definition FROM virtual_defs").fetchall()
-        )
-        return {n: json.loads(d) for n, d in rows}
+        return await self._read("virtual", cat.list_virtual)
 
     async def delete_virtual(self, name: str) -> bool:
-        def tx(con: sqlite3.Connection) -> bool:
-            con.execute("BEGIN IMMEDIATE")
-            n = con.execute("DELETE FROM virtual_defs WHERE name=?", (name,)).rowcount
-            con.execute("DELETE FROM virtual_ranges WHERE name=?", (name,))
-            con.execute("DELETE FROM virtual_points WHERE name=?", (name,))
-            con.execute("COMMIT")
-            return n > 0
-
-        return await self._wcall(tx)
+        return await self._write("virtual", lambda c: cat.delete_virtual(c, name))
 
     async def write_virtual_results(
         self,
@@ -360,197 +346,111 @@ class SqliteStorage(StorageBackend):
         values: Float64Array,
         computed_at_ns: int,
     ) -> None:
-        def tx(con: sqlite3.Connection) -> None:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                _drop_virtual(con, name, start_ns, end_ns)
-                con.executemany(
-                    "INSERT OR REPLACE INTO virtual_points VALUES (?,?,?)",
-                    zip(
-                        [name] * len(timestamps_ns),
-                        timestamps_ns.tolist(),
-                        _nan_to_none(values),
-                        strict=True,
-                    ),
-                )
-                con.execute(
-                    "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)",
-                    (name, start_ns, end_ns, computed_at_ns),
-                )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-
-        await self._wcall(tx)
+        await self._write(
+            "virtual",
+            lambda c: cat.write_virtual_results(
+                c, name, start_ns, end_ns, timestamps_ns, values, computed_at_ns
+            ),
+        )
 
     async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
-        def q(con: sqlite3.Connection) -> VirtualResults:
-            rng = con.execute(
-                "SELECT start_ns, end_ns, computed_at FROM virtual_ranges "
-                "WHERE name=? AND end_ns>? AND start_ns<? ORDER BY start_ns",
-                (name, start_ns, end_ns),
-            ).fetchall()
-            pts = con.execute(
-                "SELECT ts, value FROM virtual_points WHERE name=? AND ts>=? AND ts<? ORDER BY ts",
-                (name, start_ns, end_ns),
-            ).fetchall()
-            ts = np.fromiter((p[0] for p in pts), dtype=np.int64, count=len(pts))
-            vs = np.fromiter(
-                (np.nan if p[1] is None else p[1] for p in pts), dtype=np.float64, count=len(pts)
-            )
-            return VirtualResults(
-                covered=[(int(a), int(b)) for a, b, _ in rng],
-                series=Series(name, ts, vs),
-                computed_at_ns=[int(c) for _, _, c in rng],
-            )
-
-        return await self._rcall(q)
+        return await self._read(
+            "virtual", lambda c: cat.read_virtual_results(c, name, start_ns, end_ns)
+        )
 
     async def invalidate_virtual(self, name: str, start_ns: int, end_ns: int) -> None:
-        def tx(con: sqlite3.Connection) -> None:
-            con.execute("BEGIN IMMEDIATE")
-            _drop_virtual(con, name, start_ns, end_ns)
-            con.execute("COMMIT")
-
-        await self._wcall(tx)
+        await self._write("virtual", lambda c: cat.drop_virtual(c, name, start_ns, end_ns))
 
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         def q(con: sqlite3.Connection) -> dict[str, int]:
-            rows = con.execute(
-                "SELECT s.name, MIN(w.min_ts) FROM writes w JOIN sensors s ON s.id=w.sid "
-                "WHERE w.written_at>? GROUP BY s.name",
-                (since_ns,),
-            ).fetchall()
-            wanted = set(sensors)
-            return {n: int(m) for n, m in rows if n in wanted}
+            wanted: dict[int, str] = {}
+            for s in set(sensors):
+                found = self.store.sensor_id(con, s)
+                if found is not None:
+                    wanted[found[0]] = s
+            if not wanted:
+                return {}
+            out = modified_since(con, wanted, since_ns)
+            pruned = con.execute("SELECT value FROM meta_kv WHERE key='writes_pruned'").fetchone()
+            if pruned is not None and since_ns < int(pruned[0]):
+                # Writes after since_ns may have left the log: answer conservatively
+                # with each sensor's earliest stored reading.
+                for sid, name in wanted.items():
+                    first = con.execute(
+                        "SELECT MIN(t0) FROM chunks WHERE sid=?", (sid,)
+                    ).fetchone()[0]
+                    if first is not None:
+                        out[name] = min(out.get(name, int(first)), int(first))
+            return out
 
-        return await self._rcall(q)
+        return await self._read("modified_since", q)
 
     # ------------------------------------------------------------------ jobs
     async def put_job(self, job: JobRecord) -> None:
-        def tx(con: sqlite3.Connection) -> None:
-            row = con.execute(
-                "SELECT start_ns, nodes FROM jobs WHERE domain_id=? AND job_id=?",
-                (job.domain_id, job.job_id),
-            ).fetchone()
-            start = job.start_ns
-            nodes = list(job.nodes)
-            if row is not None:
-                # A job-end record may carry no node list; keep the start's.
-                start = int(row[0]) if job.start_ns == 0 else job.start_ns
-                nodes = nodes or json.loads(row[1])
-            con.execute(
-                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?)",
-                (job.domain_id, job.job_id, job.user_id, start, job.end_ns, json.dumps(nodes)),
-            )
-
-        await self._wcall(tx)
+        await self._write("jobs", lambda c: cat.put_job(c, job))
 
     async def jobs(
         self, start_ns: int | None = None, end_ns: int | None = None, node: str | None = None
     ) -> list[JobRecord]:
-        def q(con: sqlite3.Connection) -> list[JobRecord]:
-            rows = con.execute(
-                "SELECT domain_id, job_id, user_id, start_ns, end_ns, nodes FROM jobs "
-                "WHERE (? IS NULL OR start_ns < ?) AND (? IS NULL OR end_ns IS NULL OR end_ns > ?) "
-                "ORDER BY start_ns",
-                (end_ns, end_ns, start_ns, start_ns),
-            ).fetchall()
-            out = []
-            for d, j, u, s, e, n in rows:
-                nodes = tuple(json.loads(n))
-                if node is not None and node not in nodes:
-                    continue
-                out.append(
-                    JobRecord(
-                        domain_id=d, job_id=j, user_id=u or "", start_ns=s, end_ns=e, nodes=nodes
-                    )
-                )
-            return out
-
-        return await self._rcall(q)
+        return await self._read("jobs", lambda c: cat.jobs(c, start_ns, end_ns, node))
 
     # ------------------------------------------------------------------ retention
-    async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
-        def tx(con: sqlite3.Connection) -> int:
-            sid = self._sid(con, sensor, False)
-            if sid is None:
-                return 0
-            return int(
-                con.execute(
-                    "DELETE FROM readings WHERE sid=? AND ts>=? AND ts<?", (sid, start_ns, end_ns)
-                ).rowcount
-            )
+    def _delete(self, con: sqlite3.Connection, targets: Sequence[tuple[str, int, int]]) -> int:
+        self.store.compact(con)  # staged rows hold many sensors: move them into chunks first
+        removed = 0
+        for name, start, end in targets:
+            found = self.store.sensor_id(con, name)
+            if found is not None and start < end:
+                removed += self.store.delete(con, found[0], found[1], start, end)
+        return removed
 
-        return await self._wcall(tx)
+    async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
+        return await self._write("delete", lambda c: self._delete(c, [(sensor, start_ns, end_ns)]))
 
     async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:
-        targets = await self.sensors(prefix)
-
         def tx(con: sqlite3.Connection) -> int:
-            con.execute("BEGIN IMMEDIATE")
-            total = 0
-            for name in targets:
-                sid = self._sid(con, name, False)
-                if sid is not None:
-                    total += con.execute(
-                        "DELETE FROM readings WHERE sid=? AND ts<?", (sid, ts_ns)
-                    ).rowcount
-            con.execute("DELETE FROM writes WHERE written_at<?", (ts_ns,))
-            con.execute("COMMIT")
-            return total
+            targets = [(n, _MIN_I64, ts_ns) for n in cat.sensor_names(con, prefix)]
+            return self._delete(con, targets)
 
-        return await self._wcall(tx)
+        return await self._write("delete", tx)
 
     async def apply_retention(self, now_ns: int) -> int:
-        total = 0
-        for meta in await self.list_metadata("/"):
-            if meta.ttl_ms:
-                cutoff = now_ns - meta.ttl_ms * 1_000_000
-                total += await self.delete_range(meta.name, -(2**63), cutoff)
-        return total
+        def tx(con: sqlite3.Connection) -> int:
+            targets = [
+                (m.name, _MIN_I64, now_ns - m.ttl_ms * 1_000_000)
+                for m in cat.list_metadata(con, "/")
+                if m.ttl_ms
+            ]
+            return self._delete(con, targets)
+
+        return await self._write("delete", tx)
 
     async def stats(self) -> dict[str, Any]:
         def q(con: sqlite3.Connection) -> dict[str, Any]:
+            def one(sql: str) -> Any:
+                return con.execute(sql).fetchone()
+
+            chunk_n, chunk_bytes, n_chunks = one(
+                "SELECT COALESCE(SUM(n),0), COALESCE(SUM(length(ts)+length(vs)),0), COUNT(*) "
+                "FROM chunks"
+            )
+            staged_rows, staged_n = one("SELECT COUNT(*), COALESCE(SUM(n),0) FROM staged")
+            files = [self.path, Path(f"{self.path}-wal")]
             return {
-                "backend": "sqlite",
+                "backend": self.kind,
                 "path": str(self.path),
-                "sensors": con.execute("SELECT COUNT(*) FROM sensors").fetchone()[0],
-                "readings": con.execute("SELECT COUNT(*) FROM readings").fetchone()[0],
-                "virtual_sensors": con.execute("SELECT COUNT(*) FROM virtual_defs").fetchone()[0],
-                "jobs": con.execute("SELECT COUNT(*) FROM jobs").fetchone()[0],
-                "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
                 "schema_version": SCHEMA_VERSION,
+                "sensors": one("SELECT COUNT(*) FROM sensors")[0],
+                "readings": int(chunk_n) + int(staged_n),
+                "staged_readings": int(staged_n),
+                "staged_writes": int(staged_rows),
+                "chunks": int(n_chunks),
+                "sealed_chunks": one("SELECT COUNT(*) FROM chunks WHERE level < 0")[0],
+                "bytes_per_reading": round(chunk_bytes / chunk_n, 2) if chunk_n else None,
+                "virtual_sensors": one("SELECT COUNT(*) FROM virtual_defs")[0],
+                "virtual_points": one("SELECT COUNT(*) FROM virtual_points")[0],
+                "jobs": one("SELECT COUNT(*) FROM jobs")[0],
+                "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
             }
 
-        return await self._rcall(q)
-
-
-def _nan_to_none(values: Float64Array) -> list[float | None]:
-    # SQLite stores NaN as NULL anyway; be explicit so reads map NULL back to NaN.
-    vals: list[float | None] = values.tolist()
-    if bool(np.isnan(values).any()):
-        vals = [None if v != v else v for v in vals]  # type: ignore[comparison-overlap]
-    return vals
-
-
-def _drop_virtual(con: sqlite3.Connection, name: str, start_ns: int, end_ns: int) -> None:
-    """Remove coverage and points in [start, end); trim ranges that straddle the edges."""
-    con.execute(
-        "DELETE FROM virtual_points WHERE name=? AND ts>=? AND ts<?", (name, start_ns, end_ns)
-    )
-    rows = con.execute(
-        "SELECT start_ns, end_ns, computed_at FROM virtual_ranges WHERE name=? AND end_ns>? AND start_ns<?",
-        (name, start_ns, end_ns),
-    ).fetchall()
-    for a, b, c in rows:
-        con.execute("DELETE FROM virtual_ranges WHERE name=? AND start_ns=?", (name, a))
-        if a < start_ns:
-            con.execute(
-                "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)", (name, a, start_ns, c)
-            )
-        if b > end_ns:
-            con.execute(
-                "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)", (name, end_ns, b, c)
-            )
+        return await self._read("stats", q)
