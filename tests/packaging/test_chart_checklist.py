@@ -48,6 +48,34 @@ def test_every_object_has_the_recommended_labels(rendered: Rendered) -> None:
         assert labels["app.kubernetes.io/instance"] == RELEASE
 
 
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def test_names_are_valid_dns_labels(rendered: Rendered) -> None:
+    """Kubernetes refuses other names; Services (and most objects here) need DNS-1123 labels."""
+    for obj in rendered.objects:
+        name = obj["metadata"]["name"]
+        assert DNS_LABEL.match(name) and len(name) <= 63, f"{obj['kind']}/{name}"
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar(everything: Rendered) -> None:
+    import json
+
+    files = sorted(p.name for p in (CHART_DIR / "dashboards").glob("*.json"))
+    maps = [
+        o
+        for o in everything.of_kind("ConfigMap")
+        if "grafana_dashboard" in o["metadata"].get("labels", {})
+    ]
+    assert sorted(k for m in maps for k in m["data"]) == files and files
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert m["metadata"]["namespace"] == "grafana"
+        assert m["metadata"]["annotations"] == {"grafana_folder": "Kelvin"}
+        for text in m["data"].values():
+            assert json.loads(text)["title"]
+
+
 def test_selectors_are_stable_and_select_their_pods(rendered: Rendered) -> None:
     """matchLabels: name, instance, component; never the chart version (immutable on upgrade)."""
     for obj in rendered.of_kind(*WORKLOAD_KINDS):

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from services.cli import SECTIONS
 from services.common.settings import Config, LoggingSettings, SectionSettings
 from services.common.storage.settings import StorageSettings
-from tests.packaging.chart import COMPONENTS, NAMESPACE, Obj, Rendered, containers
+from tests.packaging.chart import COMPONENTS, Obj, Rendered, containers
 
 EXISTING_SECRETS = {
     "kelvin-broker": {"username": "agent", "password": 'br"oker\\pw'},
@@ -185,10 +185,10 @@ def test_no_secret_lands_in_the_configmap(rendered: Rendered) -> None:
 def test_default_install_wires_the_services_together(
     default: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent = "kelvin-collect-agent.kelvin.svc"
+    agent = "kelvin-collect-agent"
     pusher = load_settings(default, "pusher", tmp_path, monkeypatch)["pusher"]
     assert pusher.brokers == [f"{agent}:1883"]
-    assert pusher.allocator_url == "http://kelvin-allocator.kelvin.svc:8083"
+    assert pusher.allocator_url == "http://kelvin-allocator:8083"
     query = load_settings(default, "query-api", tmp_path, monkeypatch)
     assert query["query_api"].collect_agent_url == f"http://{agent}:8081"
     assert query["query_api"].token is None
@@ -196,7 +196,7 @@ def test_default_install_wires_the_services_together(
     assert query["storage"].influxdb.url == "http://influxdb:8086"
     allocator = load_settings(default, "allocator", tmp_path, monkeypatch)["allocator"]
     assert allocator.brokers == [f"{agent}:1883"]
-    assert allocator.query_api_url == "http://kelvin-query-api.kelvin.svc:8080"
+    assert allocator.query_api_url == "http://kelvin-query-api:8080"
     agent_settings = load_settings(default, "collect-agent", tmp_path, monkeypatch)
     assert agent_settings["collect_agent"].mqtt_enabled is True
     assert agent_settings["collect_agent"].broker is None
@@ -209,7 +209,7 @@ def test_everything_reaches_the_services(
     assert query["query_api"].token == "query-token"
     assert query["query_api"].protect_reads is True
     influx = query["storage"].influxdb
-    assert influx.url == f"http://kelvin-influxdb.{NAMESPACE}.svc:8086"
+    assert influx.url == "http://kelvin-influxdb:8086"
     assert (influx.username, influx.password, influx.token) == ("kelvin", "influx-password", None)
     assert influx.retention_policy == "two_years"
     assert query["logging"].level == "INFO", "`config` is merged over the values"

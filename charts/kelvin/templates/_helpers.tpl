@@ -211,18 +211,26 @@ resources:
     storage: {{ .size | quote }}
 {{- end }}
 
+{{/*
+Addresses between Kelvin's own pods use the bare Service name: every component
+runs in the release namespace, and the rendered config then does not depend on
+it (the plain manifests in k8s/ are generated from this chart).
+*/}}
+
 {{/* host:port of the MQTT endpoint pushers and the allocator publish to. */}}
 {{- define "kelvin.mqttEndpoint" -}}
 {{- if eq .Values.mqtt.mode "external" -}}
 {{- printf "%s:%d" .Values.mqtt.external.host (int .Values.mqtt.external.port) -}}
 {{- else -}}
-{{- printf "%s.%s.svc:%d" (include "kelvin.componentName" (dict "root" . "component" "collect-agent")) .Release.Namespace (int .Values.collectAgent.service.mqttPort) -}}
+{{- printf "%s:%d" (include "kelvin.componentName" (dict "root" . "component" "collect-agent")) (int .Values.collectAgent.service.mqttPort) -}}
 {{- end -}}
 {{- end }}
 
-{{/* In-cluster URL of a component's HTTP Service. */}}
+{{/* In-cluster URL of a component's HTTP Service; "fqdn" true adds the namespace (for NOTES). */}}
 {{- define "kelvin.serviceURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "kelvin.componentName" .) .root.Release.Namespace (int .port) -}}
+{{- $host := include "kelvin.componentName" . -}}
+{{- if .fqdn }}{{ $host = printf "%s.%s.svc" $host .root.Release.Namespace }}{{ end -}}
+{{- printf "http://%s:%d" $host (int .port) -}}
 {{- end }}
 
 {{/*
