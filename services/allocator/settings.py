@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import SectionSettings
+
+
+class JobStream(BaseModel):
+    """The seeded job generator (on under ``kelvin up --demo``; ``enabled: true`` anywhere)."""
+
+    enabled: bool | None = None
+    """None: on only under the demo profile."""
+    mean_interval_s: float = Field(4.0, gt=0)
+    """Mean time between submissions (exponential)."""
+    runtime_s: tuple[float, float] = (10.0, 40.0)
+    """Job runtime, uniform in [low, high] seconds (stretched by Lf)."""
+    sizes: tuple[int, int] = (2, 8)
+    """Job size, uniform in [low, high] nodes (clipped to the hall)."""
+    comm_share: float = Field(0.2, ge=0, le=1)
+    """Communication share C of every generated job."""
+    max_queued: int = Field(10, ge=0)
+    """Skip a submission while this many jobs already wait (keeps the demo responsive)."""
+
+    @model_validator(mode="after")
+    def _ranges(self) -> JobStream:
+        if not 0 < self.runtime_s[0] <= self.runtime_s[1]:
+            raise ValueError("runtime_s must be [low, high] with 0 < low <= high")
+        if not 1 <= self.sizes[0] <= self.sizes[1]:
+            raise ValueError("sizes must be [low, high] with 1 <= low <= high")
+        return self
 
 
 class Settings(SectionSettings):
@@ -22,12 +47,40 @@ class Settings(SectionSettings):
     port: int = Field(8083, ge=0, le=65535)
     """HTTP port (0 = any free port)."""
     state_dir: Path = Path("data/allocator")
-    """Where placements persist across restarts."""
+    """Where placements, the queue, the policy and a fitted D persist across restarts."""
     brokers: list[str] = ["127.0.0.1:1883"]
-    """MQTT endpoints to publish decisions as sensors."""
+    """MQTT endpoints to publish decisions as sensors (first reachable wins)."""
     query_api_url: str = "http://127.0.0.1:8080"
     """Query API, read by calibration."""
     policy: str = "joint"
-    """Placement policy."""
+    """Placement policy: mpit, mc1x1, joint, first-fit, random."""
     demo_seed: int = 1
-    """Seed of the demo job stream."""
+    """Seed of the demo job stream (and of the random policy)."""
+    hall_file: Path | None = None
+    """Hall file (YAML/JSON + matrix); None = the reference hall."""
+    min_mttf_years: float = Field(0.0, ge=0)
+    """Reliability constraint: a job waits while placing it would bring any processor's MTTF below this (0 = off)."""
+    runner_ups: int = Field(3, ge=0, le=20)
+    """Alternatives every decision reports."""
+    mpit_exact_max_free: int = Field(1000, ge=0)
+    """MPIT solves the exact MILP up to this many free nodes; the greedy heuristic above."""
+    mpit_time_limit_s: float = Field(2.0, gt=0)
+    """Time cap per MILP stage."""
+    sensor_prefix: str = "/kelvin/allocator"
+    """Prefix of the decision sensors (max_tin_c, cooling_kw, utilization, ...)."""
+    publish_nodes: bool = True
+    """Also publish each node's predicted inlet as <node>/predicted_inlet_temp."""
+    publish_interval_s: float = Field(10.0, gt=0)
+    """Republish the current values this often (plus on every change)."""
+    publish_buffer: int = Field(1000, ge=1)
+    """Snapshots kept while the broker is unreachable (oldest dropped, counted)."""
+    mqtt_qos: int = Field(1, ge=0, le=1)
+    """QoS of the published sensors."""
+    history: int = Field(200, ge=0)
+    """Finished jobs kept for GET /api/v1/jobs?state=finished."""
+    api_token: str | None = None
+    """Bearer token required by the mutating endpoints (None = open, for development)."""
+    sensor_map: dict[str, Any] | None = None
+    """Calibration: {power: TEMPLATE|[names], inlet_temp: ...}; None = the default node sensors."""
+    job_stream: JobStream = JobStream()
+    """The seeded demo job generator."""

@@ -1,27 +1,41 @@
 """The hall's thermal model, shared by the allocator and the pusher's simulated hall.
 
 ``Tin = Tsup + D · P`` (heat recirculation), the CRAC's CoP and the cooling
-power, over a :class:`Hall` layout given as data. Constants follow
-the allocation model (``docs/allocator.md``); every one is a field, never a literal in code.
+power, over a :class:`Hall` layout given as data (``halls/`` holds the
+reference hall; :mod:`services.common.halls.hallfile` reads and writes hall
+files). Constants follow the allocation model (``docs/allocator.md``); every
+one is a field, never a literal in code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from services.common.errors import ConfigError
+
 Float64Array = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 RHO_KG_M3 = 1.19
+"""Air density."""
 FLOW_M3_S = 0.2454
+"""Air flow through one node."""
 CP_J_KG_K = 1005.0
+"""Specific heat of air."""
+K_DEFAULT_W_K = RHO_KG_M3 * FLOW_M3_S * CP_J_KG_K
+"""K_i = ρ f_i c_p: heat a node's air stream carries per kelvin (≈ 293.5 W/K)."""
 
 
-@dataclass(frozen=True)
+class HallError(ConfigError, ValueError):
+    """A hall description (layout, matrix, constants) is inconsistent."""
+
+
+@dataclass(frozen=True, eq=False)
 class Hall:
     """A data-center hall: layout, recirculation matrix and operating constants.
 
@@ -45,17 +59,53 @@ class Hall:
     """Nodes that exist and draw power (None = all)."""
 
     def __post_init__(self) -> None:
+        for what in ("rows", "racks", "slots"):
+            v = getattr(self, what)
+            if not isinstance(v, int | np.integer) or v < 1:
+                raise HallError(f"hall {self.name!r}: {what} must be a positive integer, got {v!r}")
         n = self.rows * self.racks * self.slots
-        if self.d_matrix.shape != (n, n):
-            raise ValueError(
-                f"D must be {n}x{n} for {self.rows}x{self.racks}x{self.slots}, got {self.d_matrix.shape}"
+        d = np.asarray(self.d_matrix, dtype=np.float64)
+        object.__setattr__(self, "d_matrix", d)
+        if d.shape != (n, n):
+            raise HallError(
+                f"hall {self.name!r}: D must be {n}x{n} for {self.rows}x{self.racks}x{self.slots}, "
+                f"got {'x'.join(map(str, d.shape))}"
             )
-        if bool((self.d_matrix < 0).any()):
-            raise ValueError("D must be non-negative")
+        if not bool(np.isfinite(d).all()):
+            raise HallError(f"hall {self.name!r}: D has non-finite entries")
+        if bool((d < 0).any()):
+            i, j = np.argwhere(d < 0)[0]
+            raise HallError(f"hall {self.name!r}: D must be non-negative; D[{i}, {j}] = {d[i, j]}")
+        if not self.redline_c > self.supply_c:
+            raise HallError(
+                f"hall {self.name!r}: redline_c ({self.redline_c}) must exceed supply_c "
+                f"({self.supply_c})"
+            )
+        if not 0 <= self.idle_power_w <= self.busy_power_w:
+            raise HallError(
+                f"hall {self.name!r}: expected 0 <= idle_power_w ({self.idle_power_w}) <= "
+                f"busy_power_w ({self.busy_power_w})"
+            )
+        if self.inter_row_distance < 0:
+            raise HallError(f"hall {self.name!r}: inter_row_distance must be >= 0")
+        if self.present is not None:
+            p = np.asarray(self.present, dtype=bool)
+            if p.shape != (n,):
+                raise HallError(f"hall {self.name!r}: present mask must have {n} entries")
+            if not p.any():
+                raise HallError(f"hall {self.name!r}: no node is present")
+            object.__setattr__(self, "present", p)
 
     @property
     def n_nodes(self) -> int:
         return self.rows * self.racks * self.slots
+
+    @property
+    def present_mask(self) -> BoolArray:
+        """Boolean mask of present nodes (all True when ``present`` is None)."""
+        if self.present is None:
+            return np.ones(self.n_nodes, dtype=bool)
+        return self.present
 
     def position(self, i: int) -> tuple[int, int, int]:
         """Node index -> (row, rack, slot)."""
@@ -84,14 +134,18 @@ class Hall:
         tsup = self.supply_c if supply_c is None else supply_c
         return tsup + self.d_matrix @ np.asarray(powers_w, dtype=np.float64)
 
+    def max_inlet_c(self, inlet_c: Float64Array) -> float:
+        """The hottest inlet among present nodes."""
+        present = inlet_c if self.present is None else inlet_c[self.present]
+        return float(present.max())
+
     def cop(self, t_c: float) -> float:
         a, b, c = self.cop_coeffs
         return a * t_c * t_c + b * t_c + c
 
     def raised_supply_c(self, inlet_c: Float64Array) -> float:
         """Tsup' = Tsup + Tred - max(Tin): the slack spent on warmer supply air."""
-        present = inlet_c if self.present is None else inlet_c[self.present]
-        return float(self.supply_c + self.redline_c - present.max())
+        return float(self.supply_c + self.redline_c - self.max_inlet_c(inlet_c))
 
     def cooling_power_w(self, powers_w: npt.ArrayLike) -> float:
         """P_AC = sum(P) / CoP(Tsup')."""
@@ -99,52 +153,73 @@ class Hall:
         tin = self.inlet_c(p)
         return float(p.sum() / self.cop(self.raised_supply_c(tin)))
 
+    def replace(self, **changes: object) -> Hall:
+        """A copy with some fields changed (e.g. a fitted ``d_matrix``); validated again."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
     def subset_rows(self, rows: list[int]) -> Hall:
         """The same hall with only ``rows`` present (others absent: no power, no inlet)."""
         present = np.isin(self.positions()[:, 0], rows)
-        return Hall(
-            self.rows,
-            self.racks,
-            self.slots,
-            self.d_matrix,
-            self.idle_power_w,
-            self.busy_power_w,
-            self.supply_c,
-            self.redline_c,
-            self.inter_row_distance,
-            self.cop_coeffs,
-            f"{self.name}[rows {rows}]",
-            present,
-        )
+        return self.replace(present=present, name=f"{self.name}[rows {rows}]")
 
 
 def d_from_a(a_matrix: npt.ArrayLike, k: npt.ArrayLike | float | None = None) -> Float64Array:
-    """D = (K - Aᵀ K)^-1 - K^-1 with K = diag(ρ f c_p)."""
+    """D = (K - Aᵀ K)^-1 - K^-1 with K = diag(K_i), K_i = ρ f_i c_p (W/K).
+
+    ``a_matrix[i, j]`` is the fraction of node i's outlet heat reaching node
+    j's inlet; ``k`` is one K for all nodes or one per node (default ρ f c_p).
+    """
     a = np.asarray(a_matrix, dtype=np.float64)
-    n = a.shape[0]
-    kv = (
-        np.full(n, RHO_KG_M3 * FLOW_M3_S * CP_J_KG_K)
-        if k is None
-        else np.broadcast_to(np.asarray(k, float), (n,))
-    )
+    kv = _k_vector(a.shape[0], k)
     kmat = np.diag(kv)
-    return np.linalg.inv(kmat - a.T @ kmat) - np.diag(1.0 / kv)
+    return np.asarray(np.linalg.inv(kmat - a.T @ kmat) - np.diag(1.0 / kv), dtype=np.float64)
+
+
+def a_from_d(d_matrix: npt.ArrayLike, k: npt.ArrayLike | float | None = None) -> Float64Array:
+    """The inverse of :func:`d_from_a`: ``A = (I - (D + K^-1)^-1 K^-1)ᵀ``.
+
+    From ``D + K^-1 = (K - Aᵀ K)^-1``: ``Aᵀ K = K - (D + K^-1)^-1``. A D that
+    did not come from a physical A (e.g. one fitted from noisy data) can give
+    small negative fractions; they are returned as computed, not clipped.
+    """
+    d = np.asarray(d_matrix, dtype=np.float64)
+    kv = _k_vector(d.shape[0], k)
+    m = np.linalg.inv(d + np.diag(1.0 / kv))
+    at = np.eye(d.shape[0]) - m / kv[None, :]
+    return np.asarray(at.T, dtype=np.float64)
+
+
+def _k_vector(n: int, k: npt.ArrayLike | float | None) -> Float64Array:
+    if k is None:
+        return np.full(n, K_DEFAULT_W_K)
+    kv = np.broadcast_to(np.asarray(k, dtype=np.float64), (n,)).copy()
+    if not bool((kv > 0).all()):
+        raise HallError("K (ρ f c_p per node, W/K) must be positive")
+    return kv
 
 
 def load_matrix(path: str | Path) -> Float64Array:
-    """Whitespace-separated square matrix, one row per line."""
-    m = np.loadtxt(path, dtype=np.float64, ndmin=2)
-    if m.shape[0] != m.shape[1]:
-        raise ValueError(f"{path}: matrix is {m.shape[0]}x{m.shape[1]}, expected square")
+    """A square matrix: whitespace-separated text (one row per line) or ``.npy``."""
+    p = Path(path)
+    try:
+        m = (
+            np.load(p, allow_pickle=False)
+            if p.suffix == ".npy"
+            else np.loadtxt(p, dtype=np.float64, ndmin=2)
+        )
+    except (OSError, ValueError) as exc:
+        raise HallError(f"{p}: cannot read matrix: {exc}") from exc
+    m = np.asarray(m, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        raise HallError(f"{p}: matrix is {'x'.join(map(str, m.shape))}, expected square")
     return m
 
 
 def reference_hall() -> Hall:
     """The reference hall: 2 rows x 5 racks x 4 nodes, D from SST (see halls/PROVENANCE)."""
-    ref = resources.files("services.common.halls").joinpath("reference-40.D.txt")
-    with resources.as_file(ref) as p:
-        d = load_matrix(p)
-    return Hall(rows=2, racks=5, slots=4, d_matrix=d, name="reference-40")
+    from services.common.halls.hallfile import load_reference
+
+    return load_reference()
 
 
 HALL_SENSOR_PREFIX = "/hall"

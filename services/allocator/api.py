@@ -1,0 +1,157 @@
+"""The allocator's REST API (``/api/v1``): jobs, the hall, the policy, the live model."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.allocator.policies import REGISTRY
+from services.allocator.runtime import AllocatorCore
+from services.common.auth import bearer
+from services.common.errors import ConfigError, NotFoundError
+
+
+class JobIn(BaseModel):
+    """A job to place."""
+
+    model_config = ConfigDict(extra="forbid")
+    size: int = Field(ge=1, description="nodes")
+    runtime_s: float | None = Field(None, gt=0, description="ends by itself after this long")
+    comm_share: float = Field(0.0, ge=0, le=1, description="communication share C")
+    stretch: bool = Field(False, description="stretch runtime_s by (1-C) + C*Lf")
+    name: str | None = Field(None, max_length=200)
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+
+
+class ModelIn(BaseModel):
+    """A heat-recirculation matrix to make live (K/W, node order of the hall)."""
+
+    model_config = ConfigDict(extra="forbid")
+    d_matrix: list[list[float]]
+    source: str = Field("api", max_length=200)
+    fit: dict[str, Any] | None = None
+
+
+def _problem(status: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+
+
+def router(core: AllocatorCore) -> APIRouter:
+    r = APIRouter(prefix="/api/v1", tags=["allocator"])
+    auth = [Depends(bearer(lambda: core.settings.api_token))]
+    counted = core.metrics.rejected_requests
+
+    @r.post("/jobs", status_code=201, dependencies=auth, responses={202: {}, 422: {}})
+    async def submit(body: JobIn, dry_run: bool = False) -> Any:
+        try:
+            if dry_run:
+                return {"decision": core.book.dry_run(body.size, body.comm_share).as_dict()}
+            job = core.submit(body.size, body.runtime_s, body.comm_share, body.stretch, body.name)
+        except ValueError as exc:
+            counted.labels("unplaceable").inc()
+            return _problem(422, "unplaceable", str(exc))
+        if job.state == "rejected":
+            counted.labels("mttf").inc()
+            return _problem(
+                422,
+                "unplaceable",
+                f"job {job.id} of {job.size} nodes would bring a processor's MTTF below "
+                f"{core.allocator.min_mttf_years} years even on an otherwise idle hall",
+            )
+        return JSONResponse(job.to_dict(), status_code=201 if job.state == "running" else 202)
+
+    @r.get("/jobs")
+    async def list_jobs(
+        state: Literal["active", "running", "queued", "finished", "all"] = "active",
+    ) -> dict[str, Any]:
+        book = core.book
+        jobs = {
+            "running": book.running(),
+            "queued": book.queued(),
+            "active": book.running() + book.queued(),
+            "finished": list(book.history),
+            "all": book.running() + book.queued() + list(book.history),
+        }[state]
+        return {"jobs": [j.to_dict() for j in jobs]}
+
+    @r.get("/jobs/{job_id}")
+    async def get_job(job_id: str) -> dict[str, Any]:
+        return core.book.get(job_id).to_dict()
+
+    @r.delete("/jobs/{job_id}", dependencies=auth, responses={404: {}, 409: {}})
+    async def delete_job(job_id: str) -> Any:
+        try:
+            return core.cancel(job_id).to_dict()
+        except NotFoundError:
+            raise
+        except ValueError as exc:
+            return _problem(409, "conflict", str(exc))
+
+    @r.get("/hall")
+    async def hall() -> dict[str, Any]:
+        return core.hall_doc()
+
+    @r.get("/policy")
+    async def get_policy() -> dict[str, Any]:
+        return {
+            "policy": core.allocator.policy_name,
+            "min_mttf_years": core.allocator.min_mttf_years,
+            "available": {name: cls.summary for name, cls in sorted(REGISTRY.items())},
+        }
+
+    @r.put("/policy", dependencies=auth)
+    async def put_policy(body: PolicyIn) -> Any:
+        try:
+            core.set_policy(body.policy)
+        except ConfigError as exc:
+            counted.labels("policy").inc()
+            return _problem(422, "unknown_policy", str(exc))
+        return await get_policy()
+
+    @r.get("/hall/model")
+    async def get_model() -> dict[str, Any]:
+        return {**core.model_meta, "d_matrix": core.book.model.hall.d_matrix.tolist()}
+
+    @r.put("/hall/model", dependencies=auth)
+    async def put_model(body: ModelIn) -> Any:
+        try:
+            d = np.asarray(body.d_matrix, dtype=np.float64)
+            core.set_model(d, {"source": body.source, "fit": body.fit, "updated_ns": _now()})
+        except ValueError as exc:
+            counted.labels("model").inc()
+            return _problem(422, "bad_model", f"d_matrix: {exc}")
+        return {**core.model_meta, "name": core.book.model.hall.name}
+
+    @r.delete("/hall/model", dependencies=auth)
+    async def delete_model() -> dict[str, Any]:
+        core.reset_model()
+        return core.model_meta
+
+    return r
+
+
+def _now() -> int:
+    import time
+
+    return time.time_ns()
+
+
+def install_validation_counter(app: FastAPI, core: AllocatorCore) -> None:
+    """Count malformed requests (reason ``validation``) and name the offending fields."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        core.metrics.rejected_requests.labels("validation").inc()
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return _problem(422, "invalid_request", detail)

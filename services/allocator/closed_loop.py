@@ -1,0 +1,168 @@
+"""``kelvin allocator calibrate``: telemetry from the query API in, a fitted D out (and applied).
+
+Sensor names per hall node come from a map (templates with ``{row}``,
+``{rack}``, ``{slot}``, ``{index}``, or explicit lists), by default
+:func:`services.common.thermal.node_sensor`. Series are read with
+``GET /api/v1/readings?sensor=NAME&start=NS&end=NS&format=json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from services.allocator.calibrate import CalibrationError, Series, align, compare, fit_d
+from services.allocator.settings import Settings
+from services.common.errors import ConfigError, KelvinError, NotFoundError
+from services.common.settings import Config
+from services.common.thermal import Hall, load_matrix, node_sensor, reference_hall
+from services.common.times import parse_duration_ns, parse_time
+
+QUANTITIES = ("power", "inlet_temp")
+
+
+def sensor_names(hall: Hall, mapping: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """Per quantity, the sensor name of every present node (in node order)."""
+    mapping = mapping or {}
+    nodes = np.flatnonzero(hall.present_mask).tolist()
+    out: dict[str, list[str]] = {}
+    for q in QUANTITIES:
+        spec = mapping.get(q)
+        if spec is None:
+            out[q] = [node_sensor(hall, i, q) for i in nodes]
+        elif isinstance(spec, str):
+            out[q] = [_render(spec, hall, i, q) for i in nodes]
+        elif (
+            isinstance(spec, list)
+            and len(spec) == len(nodes)
+            and all(isinstance(s, str) for s in spec)
+        ):
+            out[q] = list(spec)
+        else:
+            raise ConfigError(
+                f"sensor map: {q}: expected a template string or a list of {len(nodes)} names "
+                "(one per present node, in index order)"
+            )
+    return out
+
+
+def _render(template: str, hall: Hall, i: int, q: str) -> str:
+    row, rack, slot = hall.position(i)
+    try:
+        return template.format(row=row, rack=rack, slot=slot, index=i, quantity=q)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"sensor map template {template!r}: {exc}; use {{row}} {{rack}} {{slot}} {{index}}"
+        ) from exc
+
+
+def fetch_series(client: httpx.Client, name: str, start_ns: int, end_ns: int) -> Series:
+    """One sensor's readings through the query API."""
+    params = {"sensor": name, "start": str(start_ns), "end": str(end_ns), "format": "json"}
+    try:
+        r = client.get("/api/v1/readings", params=params)
+    except httpx.HTTPError as exc:
+        raise KelvinError(f"cannot reach the query API at {client.base_url}: {exc}") from exc
+    if r.status_code == 404:
+        raise NotFoundError(f"query API has no sensor {name!r} ({r.text[:200]})")
+    if r.status_code != 200:
+        raise KelvinError(f"query API answered {r.status_code} for {name!r}: {r.text[:200]}")
+    try:
+        doc = r.json()
+        ts = np.asarray(doc["timestamps_ns"], dtype=np.int64)
+        vs = np.asarray(doc["values"], dtype=np.float64)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KelvinError(
+            f"query API answer for {name!r} lacks timestamps_ns/values arrays: {exc}"
+        ) from exc
+    if ts.shape != vs.shape:
+        raise KelvinError(f"query API answer for {name!r}: timestamps and values differ in length")
+    order = np.argsort(ts, kind="stable")
+    return ts[order], vs[order]
+
+
+def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
+    """Fetch, align, fit, report; write and apply when asked. Returns the report."""
+    settings = Config(args.config).load(Settings)
+    hall_path = args.hall or settings.hall_file
+    if hall_path:
+        from services.common.halls.hallfile import load_hall
+
+        hall = load_hall(hall_path)
+    else:
+        hall = reference_hall()
+    mapping = _read_map(args.sensor_map) if args.sensor_map else settings.sensor_map
+    names = sensor_names(hall, mapping)
+    start, end = parse_time(args.start), parse_time(args.end)
+    if end <= start:
+        raise ConfigError(f"--end {args.end} must be after --start {args.start}")
+    step = parse_duration_ns(args.step) if args.step else None
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    url = args.url or settings.query_api_url
+    with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:
+        power = [fetch_series(client, n, start, end) for n in names["power"]]
+        inlet = [fetch_series(client, n, start, end) for n in names["inlet_temp"]]
+    samples = align(power, inlet, step)
+    present = hall.present_mask
+    fit = fit_d(samples, hall.supply_c, args.fit_supply)
+    d_full = np.zeros_like(hall.d_matrix)
+    d_full[np.ix_(present, present)] = fit.d_matrix
+    doc: dict[str, Any] = {
+        "hall": hall.name,
+        "samples": fit.samples,
+        "sensors": 2 * len(names["power"]),
+        "rmse_c": fit.rmse_c,
+        "max_abs_c": fit.max_abs_c,
+        "supply_c": fit.supply_c.tolist() if args.fit_supply else hall.supply_c,
+        "distinct_operating_points": int(
+            np.unique(np.round(samples.powers_w / 100.0), axis=0).shape[0]
+        ),
+    }
+    if args.known_d:
+        doc["known"] = compare(d_full, load_matrix(args.known_d), hall)
+    fitted = hall.replace(d_matrix=d_full, name=f"{hall.name}-fitted")
+    if args.out:
+        from services.common.halls.hallfile import save_hall
+
+        doc["written"] = str(save_hall(fitted, args.out))
+    if args.apply:
+        target = args.allocator_url or f"http://127.0.0.1:{settings.port}"
+        doc["applied"] = apply_model(target, d_full, doc, headers)
+    return doc
+
+
+def apply_model(
+    base_url: str, d: np.ndarray, report: dict[str, Any], headers: dict[str, str]
+) -> str:
+    """PUT the fitted D to a running allocator; returns the URL it went to."""
+    body = {
+        "d_matrix": d.tolist(),
+        "source": "kelvin allocator calibrate",
+        "fit": {k: report[k] for k in ("samples", "rmse_c", "max_abs_c")},
+    }
+    url = base_url.rstrip("/") + "/api/v1/hall/model"
+    try:
+        r = httpx.put(url, json=body, headers=headers, timeout=30.0)
+    except httpx.HTTPError as exc:
+        raise KelvinError(f"cannot reach the allocator at {base_url}: {exc}") from exc
+    if r.status_code != 200:
+        raise KelvinError(f"allocator refused the model ({r.status_code}): {r.text[:300]}")
+    return url
+
+
+def _read_map(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read sensor map: {exc}") from exc
+    if not isinstance(doc, dict) or not set(doc) <= set(QUANTITIES):
+        raise ConfigError(f"{path}: expected a mapping with keys power and/or inlet_temp")
+    return doc
+
+
+__all__ = ["CalibrationError", "apply_model", "fetch_series", "run_calibration", "sensor_names"]

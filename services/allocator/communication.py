@@ -1,0 +1,64 @@
+"""Communication cost: node distances, a job's CC, the exact ``CC_min(n)`` and the latency factor.
+
+``dist(s, t) = |Δrack| + |Δslot| + inter_row_distance * |Δrow|`` and
+``CC = (1/n) Σ_{s≠t} dist(s, t)`` over ordered pairs. Because the distance is
+a weighted L1 norm, the pair sum splits into one term per axis, and each term
+depends only on how many nodes sit at each coordinate of that axis:
+``Σ_{s<t} |x_s - x_t| = Σ_g L_g (n - L_g)`` where ``L_g`` counts the nodes
+left of the boundary g. :mod:`.ccmin` uses that to find ``CC_min`` exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+Float64Array = npt.NDArray[np.float64]
+
+
+def axis_weights(inter_row_distance: float) -> Float64Array:
+    """Hop weight of one step along (row, rack, slot)."""
+    return np.array([inter_row_distance, 1.0, 1.0])
+
+
+def pair_sum(positions: npt.NDArray[np.int64], weights: Float64Array) -> float:
+    """Σ over unordered pairs of the weighted L1 distance, O(n log n) per axis."""
+    n = positions.shape[0]
+    if n < 2:
+        return 0.0
+    x = np.sort(positions, axis=0).astype(np.float64)
+    # Σ_{i<j} (x_j - x_i) for sorted x = Σ_k x_k (2k - n + 1)
+    coef = 2.0 * np.arange(n) - n + 1.0
+    return float(weights @ (coef @ x))
+
+
+def communication_cost(positions: npt.NDArray[np.int64], weights: Float64Array) -> float:
+    """CC = (1/n) Σ over ordered pairs s≠t of dist(s, t); 0 for a one-node job."""
+    n = positions.shape[0]
+    return 0.0 if n < 2 else 2.0 * pair_sum(positions, weights) / n
+
+
+def distance_matrix(
+    a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], weights: Float64Array
+) -> Float64Array:
+    """dist between every node of ``a`` (rows) and of ``b`` (columns)."""
+    diff = np.abs(a[:, None, :] - b[None, :, :]).astype(np.float64)
+    return np.asarray(diff @ weights, dtype=np.float64)
+
+
+def latency_factor(cc: float, cc_min: float) -> float:
+    """Lf = CC / CC_min (1 for one-node jobs, never below 1)."""
+    if cc_min <= 0.0:
+        return 1.0
+    return max(1.0, cc / cc_min)
+
+
+def runtime_stretch(comm_share: float, lf: float) -> float:
+    """runtime / base_runtime = (1 - C) + C * Lf."""
+    return (1.0 - comm_share) + comm_share * lf
+
+
+def communication_fraction(comm_share: float, lf: float) -> float:
+    """c_eff = C Lf / ((1 - C) + C Lf): the communicating share of the stretched runtime."""
+    return comm_share * lf / runtime_stretch(comm_share, lf)

@@ -1,0 +1,151 @@
+"""The allocator's view of a hall: thermal, power, communication and reliability models together.
+
+:class:`HallModel` wraps a :class:`~services.common.thermal.Hall` with what
+placement needs over and over (positions, the MC1x1 shell matrix, the
+``CC_min`` table, a sparse D) computed once, and :meth:`HallModel.assess`
+turns a vector of node powers into the numbers every decision reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from services.allocator.ccmin import CCMinTable, cc_min_table
+from services.allocator.communication import (
+    axis_weights,
+    communication_cost,
+    communication_fraction,
+    latency_factor,
+)
+from services.allocator.reliability import ReliabilityModel
+from services.common.thermal import Float64Array, Hall
+
+IntArray = npt.NDArray[np.int64]
+
+__all__ = ["Float64Array", "HallModel", "IntArray", "PowerModel", "Thermal"]
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """Node power of a busy node; phase-weighted by its job's communication share."""
+
+    compute_w: float = 3500.0
+    comm_w: float = 2700.0
+    phase_weighted: bool = True
+    """False: every busy node draws ``compute_w`` (the static experiments)."""
+
+    def busy_w(self, comm_share: float, lf: float = 1.0) -> float:
+        if not self.phase_weighted or comm_share <= 0.0:
+            return self.compute_w
+        c = communication_fraction(comm_share, lf)
+        return (1.0 - c) * self.compute_w + c * self.comm_w
+
+
+@dataclass(frozen=True)
+class Thermal:
+    """The hall-wide consequences of a power vector."""
+
+    max_tin_c: float
+    supply_c: float
+    """The raised supply temperature Tsup' = Tsup + Tred - max Tin."""
+    cop: float
+    computing_kw: float
+    cooling_kw: float
+    min_mttf_years: float
+    inlet_c: Float64Array = field(repr=False)
+
+
+class HallModel:
+    """A hall plus the derived data placement needs (immutable; swap it to change D)."""
+
+    def __init__(
+        self,
+        hall: Hall,
+        reliability: ReliabilityModel | None = None,
+        power: PowerModel | None = None,
+    ) -> None:
+        self.hall = hall
+        self.n = hall.n_nodes
+        self.present = hall.present_mask
+        self.pos: IntArray = hall.positions()
+        self.weights = axis_weights(hall.inter_row_distance)
+        self.reliability = reliability or ReliabilityModel(
+            idle_proc_power_w=ReliabilityModel.active_proc_power_w
+            * hall.idle_power_w
+            / hall.busy_power_w
+        )
+        self.power = power or PowerModel(compute_w=hall.busy_power_w)
+
+    def with_hall(self, hall: Hall) -> HallModel:
+        """The same models over another hall (e.g. a fitted D)."""
+        return HallModel(hall, self.reliability, self.power)
+
+    @cached_property
+    def d_rows(self) -> Float64Array:
+        """D with the rows of absent nodes zeroed (their inlet does not count)."""
+        d = self.hall.d_matrix
+        return d if self.hall.present is None else np.where(self.present[:, None], d, 0.0)
+
+    @cached_property
+    def d_csc(self) -> sp.csc_matrix:
+        return sp.csc_matrix(self.d_rows)
+
+    @cached_property
+    def shells(self) -> npt.NDArray[np.int32]:
+        """MC1x1 shell index between nodes: max(|Δrack|, |Δslot|, ceil(d_row |Δrow|))."""
+        p = self.pos
+        d_row = np.ceil(self.hall.inter_row_distance * np.abs(p[:, None, 0] - p[None, :, 0]))
+        d_rack = np.abs(p[:, None, 1] - p[None, :, 1])
+        d_slot = np.abs(p[:, None, 2] - p[None, :, 2])
+        shells: npt.NDArray[np.int32] = np.maximum(np.maximum(d_rack, d_slot), d_row).astype(
+            np.int32
+        )
+        return shells
+
+    @cached_property
+    def cc_min(self) -> CCMinTable:
+        """Exact when the present nodes form a full box; else the whole hall's (a lower bound)."""
+        p = self.pos[self.present]
+        spans = [np.unique(p[:, a]) for a in range(3)]
+        box = all(len(s) == s[-1] - s[0] + 1 for s in spans) and p.shape[0] == int(
+            np.prod([len(s) for s in spans])
+        )
+        if box:
+            shape = (len(spans[0]), len(spans[1]), len(spans[2]))
+            return cc_min_table(shape, self.weights)
+        table = cc_min_table((self.hall.rows, self.hall.racks, self.hall.slots), self.weights)
+        return CCMinTable(table.values, np.zeros_like(table.exact), table.method + " (lower bound)")
+
+    def cc(self, nodes: npt.ArrayLike) -> float:
+        return communication_cost(self.pos[np.asarray(nodes, dtype=np.int64)], self.weights)
+
+    def lf(self, nodes: npt.ArrayLike, cc: float | None = None) -> float:
+        idx = np.asarray(nodes, dtype=np.int64)
+        value = self.cc(idx) if cc is None else cc
+        n = len(idx)
+        return 1.0 if n < 2 else latency_factor(value, float(self.cc_min.values[n]))
+
+    def assess(self, powers_w: Float64Array, busy: npt.NDArray[np.bool_]) -> Thermal:
+        """Tin, raised supply, CoP, computing and cooling power, shortest MTTF."""
+        hall = self.hall
+        tin = hall.inlet_c(powers_w)
+        max_tin = hall.max_inlet_c(tin)
+        supply = hall.supply_c + hall.redline_c - max_tin
+        cop = hall.cop(supply)
+        computing_w = float(powers_w[self.present].sum())
+        present_tin = tin[self.present]
+        mttf = self.reliability.min_mttf_years(present_tin, busy[self.present])
+        return Thermal(
+            max_tin_c=max_tin,
+            supply_c=supply,
+            cop=cop,
+            computing_kw=computing_w / 1e3,
+            cooling_kw=computing_w / cop / 1e3,
+            min_mttf_years=mttf,
+            inlet_c=tin,
+        )

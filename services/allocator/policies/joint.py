@@ -1,0 +1,34 @@
+"""Joint: MC1x1 shells opened at the nodes MPIT would pick; the coolest of them wins.
+
+The nodes of the MPIT choice become candidate shell centres; each opens an
+MC1x1 allocation (same shells and outermost-shell fill as :mod:`.mc1x1`).
+Among these the one with the lowest resulting peak inlet wins (peaks within
+1 µK are equal), then the lower CC, then the lower centre index.
+"""
+
+from __future__ import annotations
+
+from services.allocator.model import IntArray
+from services.allocator.policies.base import Policy, Request, View, distinct, register
+from services.allocator.policies.mc1x1 import allocation_at
+from services.allocator.policies.mpit import Mpit, peak_after
+
+
+@register
+class Joint(Policy):
+    """Cooling and communication together."""
+
+    name = "joint"
+    summary = "MC1x1 shells centred on MPIT's nodes; the lowest peak inlet wins, then lower CC"
+
+    def choose(self, view: View, request: Request, alternatives: int) -> list[IntArray]:
+        model, free, n = view.model, view.free_idx, request.size
+        centres = Mpit(self.options).choose(view, request, 0)[0]
+        rise = view.rise_per_node(request.power_w)
+        ranked = []
+        for c in centres.tolist():
+            nodes = allocation_at(model, free, int(c), n, self.options.mc_exact_fill_limit)
+            peak = peak_after(view, rise, nodes)
+            ranked.append((round(peak * 1e6), round(model.cc(nodes), 9), int(c), nodes))
+        ranked.sort(key=lambda r: r[:3])
+        return distinct([r[3] for r in ranked], alternatives + 1)

@@ -1,0 +1,94 @@
+"""MC1x1: keep the job compact, for communication (shells grown around a centre).
+
+Every free node is a candidate centre. Shell k around centre c holds the
+nodes at shell distance k: ``max(|Δrack|, |Δslot|, ceil(inter_row_distance
+|Δrow|))`` — square shells 1x1, 3x3, 5x5, ... in the rack x slot plane, with
+the other rows entering only after ``inter_row_distance`` shells (crossing
+rows costs that many hops). A centre takes its n free nodes from the
+innermost shells; its score is the sum of their shell indices. The lowest
+score wins; equal scores go to the lower CC, then to the lower centre index
+(CC is computed for at most ``mc_tie_limit`` tied centres, lowest indices
+first). All free nodes of the inner shells are taken; from the outermost
+shell the subset that minimises the job's CC is chosen — exactly when at most
+``mc_exact_fill_limit`` subsets exist, else greedily (nearest node to the
+set so far, ties by index).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from services.allocator.communication import distance_matrix
+from services.allocator.model import HallModel, IntArray
+from services.allocator.policies.base import Policy, Request, View, distinct, register
+
+
+def fill_from_shell(
+    model: HallModel, inner: IntArray, shell: IntArray, need: int, exact_limit: int
+) -> IntArray:
+    """``inner`` plus the ``need`` nodes of ``shell`` that give the smallest CC."""
+    if need <= 0:
+        return np.sort(inner)
+    if need >= len(shell):
+        return np.sort(np.r_[inner, shell])
+    w = model.weights
+    to_inner = distance_matrix(model.pos[shell], model.pos[inner], w).sum(axis=1)
+    among = distance_matrix(model.pos[shell], model.pos[shell], w)
+    if math.comb(len(shell), need) <= exact_limit:
+        combos = np.array(list(itertools.combinations(range(len(shell)), need)), dtype=np.int64)
+        # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
+        cost = to_inner[combos].sum(axis=1)
+        cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
+        # lexicographic order of combinations makes argmin pick the lowest indices on ties
+        pick = combos[int(np.argmin(cost))]
+    else:
+        added = to_inner.copy()
+        taken = np.zeros(len(shell), dtype=bool)
+        for _ in range(need):
+            j = int(np.argmin(np.where(taken, np.inf, added)))
+            taken[j] = True
+            added += among[j]
+        pick = np.flatnonzero(taken)
+    return np.sort(np.r_[inner, shell[pick]])
+
+
+def allocation_at(
+    model: HallModel, free: IntArray, centre: int, n: int, exact_limit: int
+) -> IntArray:
+    """The MC1x1 allocation of ``n`` nodes around ``centre`` (a free node)."""
+    dist = model.shells[centre, free]
+    kth = np.partition(dist, n - 1)[n - 1]
+    inner = free[dist < kth]
+    shell = free[dist == kth]
+    return fill_from_shell(model, inner, shell, n - len(inner), exact_limit)
+
+
+@register
+class Mc1x1(Policy):
+    """Minimise communication: the most compact shell allocation."""
+
+    name = "mc1x1"
+    summary = "compact placement: square shells around the best centre (communication-aware)"
+
+    def choose(self, view: View, request: Request, alternatives: int) -> list[IntArray]:
+        model, free, n = view.model, view.free_idx, request.size
+        shells = model.shells[np.ix_(free, free)]
+        score = np.partition(shells, n - 1, axis=1)[:, :n].sum(axis=1)
+        order = np.lexsort((free, score))
+        best = score[order[0]]
+        tied = order[score[order] == best][: self.options.mc_tie_limit]
+        ranked: list[tuple[float, int, IntArray]] = []
+        for k in tied.tolist():
+            nodes = allocation_at(model, free, int(free[k]), n, self.options.mc_exact_fill_limit)
+            ranked.append((round(model.cc(nodes), 9), int(free[k]), nodes))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        candidates = [r[2] for r in ranked]
+        if len(candidates) <= alternatives:
+            for k in order[len(tied) : len(tied) + 2 * alternatives + 2].tolist():
+                candidates.append(
+                    allocation_at(model, free, int(free[k]), n, self.options.mc_exact_fill_limit)
+                )
+        return distinct(candidates, alternatives + 1)

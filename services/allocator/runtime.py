@@ -1,0 +1,270 @@
+"""The running allocator: job book + persistence + metrics + MQTT, and its background tasks.
+
+Every mutation goes through :meth:`AllocatorCore.commit`, which persists the
+state atomically, updates the metrics and publishes a snapshot, so the three
+never disagree. The background tasks release jobs when their time is up and
+republish the hall periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from services.allocator.engine import Allocator, current
+from services.allocator.jobs import Job, JobBook
+from services.allocator.metrics import AllocatorMetrics
+from services.allocator.model import HallModel
+from services.allocator.policies import PolicyOptions
+from services.allocator.publisher import DecisionPublisher
+from services.allocator.settings import Settings
+from services.allocator.store import StateStore
+from services.common.errors import ConfigError
+from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
+
+log = logging.getLogger(__name__)
+
+
+def load_hall(settings: Settings) -> Hall:
+    if settings.hall_file is None:
+        return reference_hall()
+    from services.common.halls.hallfile import load_hall as load
+
+    return load(settings.hall_file)
+
+
+def node_name(hall: Hall, i: int) -> str:
+    """The node as DCDB job records name it: ``/hall/row0/rack3/node2``."""
+    return node_sensor(hall, i, "x").rsplit("/", 1)[0]
+
+
+class AllocatorCore:
+    """Everything the HTTP API and the background tasks share."""
+
+    def __init__(self, settings: Settings, metrics: AllocatorMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = StateStore(settings.state_dir)
+        self.base_hall = load_hall(settings)
+        self.model_meta: dict[str, Any] = {
+            "source": "hall file" if settings.hall_file else "reference"
+        }
+        hall = self._saved_model(self.base_hall)
+        options = PolicyOptions(
+            seed=settings.demo_seed,
+            mpit_exact_max_free=settings.mpit_exact_max_free,
+            mpit_time_limit_s=settings.mpit_time_limit_s,
+        )
+        saved = self.store.load_state()
+        policy = settings.policy
+        if saved and saved.get("configured_policy") == settings.policy and saved.get("policy"):
+            policy = str(
+                saved["policy"]
+            )  # set through the API since; the configuration is unchanged
+        self.allocator = Allocator(policy, options, settings.min_mttf_years, settings.runner_ups)
+        self.book = JobBook(HallModel(hall), self.allocator, settings.history)
+        self.book.listeners.append(self._on_job)
+        self.publisher = DecisionPublisher(
+            settings.brokers,
+            settings.sensor_prefix,
+            metrics,
+            settings.publish_buffer,
+            settings.mqtt_qos,
+        )
+        if settings.publish_nodes:
+            self.publisher.add_metadata(self._node_sensors(), "celsius")
+        self.changed = asyncio.Event()
+        self._saved = saved
+
+    def load(self) -> None:
+        """Take the saved jobs back (releasing those whose time ran out while down)."""
+        if self._saved:
+            try:
+                self.book.restore(self._saved, time.time_ns())
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                raise ConfigError(
+                    f"{self.store.state_path}: saved jobs do not fit hall "
+                    f"{self.book.model.hall.name!r} ({exc}); restore the hall file that matches "
+                    "or move the state file away"
+                ) from exc
+            self._saved = None
+        self.commit()
+
+    def _saved_model(self, hall: Hall) -> Hall:
+        saved = self.store.load_model()
+        if saved is None:
+            return hall
+        d, meta = saved
+        try:
+            fitted = hall.replace(d_matrix=d)
+        except ValueError as exc:
+            log.error(
+                "allocator: saved model does not fit hall %s (%s); using the hall's D",
+                hall.name,
+                exc,
+            )
+            self.store.clear_model()
+            return hall
+        self.model_meta = meta
+        return fitted
+
+    def _node_sensors(self) -> list[str]:
+        hall = self.book.model.hall
+        return [node_sensor(hall, i, "predicted_inlet_temp") for i in range(hall.n_nodes)]
+
+    # ---------------------------------------------------------------- mutations
+
+    def submit(
+        self,
+        size: int,
+        runtime_s: float | None,
+        comm_share: float,
+        stretch: bool = False,
+        name: str | None = None,
+    ) -> Job:
+        job = self.book.submit(size, time.time_ns(), runtime_s, comm_share, stretch, name)
+        self.metrics.jobs.labels("submitted").inc()
+        self.commit()
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.book.cancel(job_id, time.time_ns())
+        self.commit()
+        return job
+
+    def set_policy(self, name: str) -> None:
+        self.allocator.set_policy(name)
+        self.book.start_queued(time.time_ns())
+        self.commit()
+
+    def set_model(self, d: np.ndarray, meta: dict[str, Any]) -> None:
+        """Make a fitted D live (validated against the layout), persist it, re-plan the queue."""
+        hall = self.base_hall.replace(d_matrix=np.asarray(d, dtype=np.float64))
+        self.book.set_model(self.book.model.with_hall(hall))
+        self.store.save_model(hall.d_matrix, meta)
+        self.model_meta = meta
+        self.metrics.model_updates.inc()
+        self.book.start_queued(time.time_ns())
+        self.commit()
+
+    def reset_model(self) -> None:
+        self.book.set_model(self.book.model.with_hall(self.base_hall))
+        self.store.clear_model()
+        self.model_meta = {"source": "hall file" if self.settings.hall_file else "reference"}
+        self.metrics.model_updates.inc()
+        self.commit()
+
+    def commit(self) -> None:
+        """Persist, account and publish after any change."""
+        doc = self.book.snapshot()
+        doc["configured_policy"] = self.settings.policy
+        self.store.save_state(doc)
+        for d in self.book.decisions:
+            self.metrics.decision(d)
+        self.book.decisions.clear()
+        self.publish_snapshot()
+        self.changed.set()
+
+    def _on_job(self, event: str, job: Job) -> None:
+        self.metrics.jobs.labels(event).inc()
+        if event == "started" or job.started_ns is not None:
+            hall = self.book.model.hall
+            end = 0 if event == "started" else (job.finished_ns or 0)
+            end += end & 1  # DCDB reads an odd end time as "still running"
+            nodes = [node_name(hall, i) for i in job.nodes]
+            self.publisher.offer_job(job.id, job.started_ns or 0, end, nodes)
+
+    # ---------------------------------------------------------------- views
+
+    def publish_snapshot(self) -> None:
+        th = current(self.book.state)
+        state = self.book.state
+        running, queued = len(self.book.running()), len(self.book.queue)
+        self.metrics.hall(th, int(state.busy.sum()), state.utilization, running, queued)
+        now = time.time_ns()
+        self.publisher.offer_values(
+            now,
+            {
+                "max_tin_c": th.max_tin_c,
+                "supply_c": th.supply_c,
+                "cop": th.cop,
+                "computing_kw": th.computing_kw,
+                "cooling_kw": th.cooling_kw,
+                "utilization": state.utilization,
+                "min_mttf_years": th.min_mttf_years,
+                "running_jobs": float(running),
+                "queued_jobs": float(queued),
+            },
+        )
+        if self.settings.publish_nodes:
+            hall = state.model.hall
+            rel = {
+                node_sensor(hall, i, "predicted_inlet_temp")[len(HALL_SENSOR_PREFIX) + 1 :]: float(
+                    t
+                )
+                for i, t in enumerate(th.inlet_c)
+            }
+            self.publisher.offer_values(now, rel, HALL_SENSOR_PREFIX)
+
+    def hall_doc(self) -> dict[str, Any]:
+        state = self.book.state
+        hall = state.model.hall
+        th = current(state)
+        nodes = [
+            {
+                "index": i,
+                "row": int(p[0]),
+                "rack": int(p[1]),
+                "slot": int(p[2]),
+                "present": bool(state.model.present[i]),
+                "busy": bool(state.busy[i]),
+                "job": state.owner[i],
+                "power_w": float(state.powers_w[i]),
+                "predicted_tin_c": float(th.inlet_c[i]),
+            }
+            for i, p in enumerate(state.model.pos.tolist())
+        ]
+        return {
+            "name": hall.name,
+            "rows": hall.rows,
+            "racks": hall.racks,
+            "slots": hall.slots,
+            "policy": self.allocator.policy_name,
+            "min_mttf_years": self.allocator.min_mttf_years,
+            "model": self.model_meta,
+            "nodes": nodes,
+            "totals": {
+                "max_tin_c": th.max_tin_c,
+                "supply_c": th.supply_c,
+                "cop": th.cop,
+                "computing_kw": th.computing_kw,
+                "cooling_kw": th.cooling_kw,
+                "utilization": state.utilization,
+                "min_mttf_years": th.min_mttf_years,
+                "running_jobs": len(self.book.running()),
+                "queued_jobs": len(self.book.queue),
+            },
+        }
+
+    # ---------------------------------------------------------------- tasks
+
+    async def run_timer(self) -> None:
+        """Release jobs when their runtime is up (and start what then fits)."""
+        while True:
+            nxt = self.book.next_end_ns()
+            delay = None if nxt is None else max(0.0, (nxt - time.time_ns()) / 1e9)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), delay)
+            self.changed.clear()
+            if self.book.expire(time.time_ns()):
+                self.commit()
+
+    async def run_periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.publish_interval_s)
+            self.publish_snapshot()

@@ -1,0 +1,167 @@
+"""Policies: MPIT against brute force, MC1x1 shells, joint, baselines, the registry."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from services.allocator.model import HallModel
+from services.allocator.policies import REGISTRY, PolicyOptions, Request, View, create
+from services.allocator.policies.mc1x1 import fill_from_shell
+from services.allocator.policies.mpit import PEAK_TOLERANCE_C, greedy, peak_after, total_rise_mk
+from services.common.errors import ConfigError
+from services.common.thermal import Hall, reference_hall
+
+
+def _random_hall(seed: int, rows: int = 2, racks: int = 2, slots: int = 3) -> Hall:
+    rng = np.random.default_rng(seed)
+    n = rows * racks * slots
+    d = rng.uniform(0, 4e-4, (n, n)) * (rng.random((n, n)) < 0.6)
+    return Hall(rows, racks, slots, d, name=f"random-{seed}")
+
+
+def _view(model: HallModel, busy: np.ndarray) -> View:
+    hall = model.hall
+    return View(model, model.present & ~busy, np.where(busy, hall.busy_power_w, hall.idle_power_w))
+
+
+def _brute_mpit(view: View, n: int, power_w: float) -> tuple[float, tuple[int, ...]]:
+    """Lowest peak over all n-subsets of the free nodes, then the documented tie rule."""
+    rise = view.rise_per_node(power_w)
+    free = view.free_idx
+    combos = [np.array(c) for c in itertools.combinations(free.tolist(), n)]
+    peaks = np.array([peak_after(view, rise, c) for c in combos])
+    best = peaks.min()
+    q = dict(zip(free.tolist(), total_rise_mk(view, rise, free), strict=True))
+    big = n * view.model.n + 1
+    tied = [c for c, p in zip(combos, peaks, strict=True) if p <= best + PEAK_TOLERANCE_C]
+    winner = min(tied, key=lambda c: sum(q[j] * big + j for j in c.tolist()))
+    return float(best), tuple(winner.tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mpit_is_exact_against_brute_force(seed: int) -> None:
+    model = HallModel(_random_hall(seed))
+    rng = np.random.default_rng(100 + seed)
+    busy = rng.random(model.n) < 0.3
+    view = _view(model, busy)
+    mpit = create("mpit")
+    for n in range(1, min(5, len(view.free_idx)) + 1):
+        request = Request(n, 3500.0)
+        chosen = mpit.choose(view, request, 0)[0]
+        best, winner = _brute_mpit(view, n, 3500.0)
+        assert peak_after(view, view.rise_per_node(3500.0), chosen) == pytest.approx(best, abs=1e-6)
+        assert tuple(chosen.tolist()) == winner
+        assert not busy[chosen].any()
+
+
+def test_mpit_heuristic_above_the_size_limit_is_valid_and_close() -> None:
+    model = HallModel(_random_hall(7, 2, 3, 3))
+    busy = np.zeros(model.n, bool)
+    busy[[0, 5, 9]] = True
+    view = _view(model, busy)
+    heuristic = create("mpit", PolicyOptions(mpit_exact_max_free=0))
+    exact = create("mpit")
+    rise = view.rise_per_node(3500.0)
+    for n in (2, 4, 6):
+        h = heuristic.choose(view, Request(n, 3500.0), 0)[0]
+        e = exact.choose(view, Request(n, 3500.0), 0)[0]
+        assert len(set(h.tolist())) == n and not busy[h].any()
+        assert np.array_equal(h, greedy(view, rise, n))
+        assert peak_after(view, rise, h) >= peak_after(view, rise, e) - 1e-6
+
+
+def test_mpit_runner_ups_are_distinct_swaps_no_better_than_the_choice() -> None:
+    model = HallModel(reference_hall())
+    view = _view(model, np.zeros(40, bool))
+    sets = create("mpit").choose(view, Request(5, 3500.0), 3)
+    assert len(sets) == 4
+    assert len({tuple(s.tolist()) for s in sets}) == 4
+    rise = view.rise_per_node(3500.0)
+    best = peak_after(view, rise, sets[0])
+    for s in sets[1:]:
+        assert len(np.setdiff1d(s, sets[0])) == 1
+        assert peak_after(view, rise, s) >= best - 1e-6
+
+
+def test_mc1x1_takes_the_lowest_corner_square_on_an_empty_row() -> None:
+    model = HallModel(reference_hall().subset_rows([0]))
+    view = _view(model, np.zeros(40, bool))
+    chosen = create("mc1x1").choose(view, Request(4, 3500.0), 0)[0]
+    assert chosen.tolist() == [0, 1, 4, 5]
+    assert model.cc(chosen) == pytest.approx(4.0)
+
+
+def test_mc1x1_fills_the_outer_shell_with_the_cheapest_subset() -> None:
+    model = HallModel(reference_hall())
+    inner = np.array([5, 6])
+    shell = np.array([0, 1, 2, 3, 4, 7, 8, 9, 10, 11])
+    got = fill_from_shell(model, inner, shell, 3, exact_limit=10_000)
+    best = min(model.cc(np.r_[inner, list(c)]) for c in itertools.combinations(shell.tolist(), 3))
+    assert model.cc(got) == pytest.approx(best)
+    greedy_fill = fill_from_shell(model, inner, shell, 3, exact_limit=0)
+    assert len(greedy_fill) == 5 and model.cc(greedy_fill) >= best - 1e-9
+
+
+def test_mc1x1_is_more_compact_than_mpit_and_joint_is_cooler_than_mc1x1() -> None:
+    model = HallModel(reference_hall().subset_rows([0]))
+    busy = np.zeros(40, bool)
+    busy[[0, 1, 4, 5]] = True
+    view = _view(model, busy)
+    rise = view.rise_per_node(3500.0)
+    req = Request(5, 3500.0)
+    mc = create("mc1x1").choose(view, req, 0)[0]
+    mp = create("mpit").choose(view, req, 0)[0]
+    jt = create("joint").choose(view, req, 0)[0]
+    assert model.cc(mc) <= model.cc(mp)
+    assert model.cc(mc) <= model.cc(jt)
+    assert peak_after(view, rise, mp) <= peak_after(view, rise, jt) + 1e-9
+    assert peak_after(view, rise, jt) <= peak_after(view, rise, mc) + 1e-9
+
+
+def test_joint_candidates_are_shells_at_mpit_nodes() -> None:
+    model = HallModel(reference_hall())
+    view = _view(model, np.zeros(40, bool))
+    req = Request(6, 3500.0)
+    sets = create("joint").choose(view, req, 10)
+    rise = view.rise_per_node(3500.0)
+    peaks = [round(peak_after(view, rise, s) * 1e6) for s in sets]
+    assert peaks == sorted(peaks)
+    mpit_nodes = set(create("mpit").choose(view, req, 0)[0].tolist())
+    assert all(set(s.tolist()) & mpit_nodes for s in sets)
+
+
+def test_first_fit_and_random_baselines() -> None:
+    model = HallModel(reference_hall())
+    busy = np.zeros(40, bool)
+    busy[[0, 2]] = True
+    view = _view(model, busy)
+    ff = create("first-fit").choose(view, Request(3, 3500.0), 2)
+    assert [s.tolist() for s in ff] == [[1, 3, 4], [3, 4, 5], [4, 5, 6]]
+    a = create("random", PolicyOptions(seed=5)).choose(view, Request(6, 3500.0), 2)
+    b = create("random", PolicyOptions(seed=5)).choose(view, Request(6, 3500.0), 2)
+    c = create("random", PolicyOptions(seed=6)).choose(view, Request(6, 3500.0), 2)
+    assert [s.tolist() for s in a] == [s.tolist() for s in b]
+    assert [s.tolist() for s in a] != [s.tolist() for s in c]
+    assert not any(busy[s].any() for s in a)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_policy_returns_free_sets_of_the_right_size(name: str) -> None:
+    model = HallModel(reference_hall())
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        busy = rng.random(40) < 0.5
+        view = _view(model, busy)
+        n = int(rng.integers(1, len(view.free_idx) + 1))
+        sets = create(name).choose(view, Request(n, 3300.0), 2)
+        assert sets
+        for s in sets:
+            assert len(s) == n == len(set(s.tolist())) and not busy[s].any()
+
+
+def test_unknown_policy_names_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="expected one of first-fit, joint, mc1x1, mpit, random"):
+        create("coolest")
