@@ -17,6 +17,9 @@ from services.common import codec
 from services.common.sensors import SensorMetadata
 from services.common.settings import Config
 from services.pusher.app import PusherService, create_service
+from services.pusher.config import plugin_type, validate_section
+from services.pusher.plugins import registry
+from services.pusher.plugins.base import Group, Plugin, PluginContext
 from tests.support.servers import Mosquitto
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pusher"
@@ -128,3 +131,25 @@ async def running(cfg: Config) -> AsyncIterator[PusherService]:
         yield svc
     finally:
         await svc.stop()
+
+
+async def build_plugin(
+    instance: str, section: dict[str, Any], prefix: str = "/t", config_dir: Path | None = None
+) -> tuple[Plugin, list[Group]]:
+    """Validate ``section`` as the real pusher does and build the plugin's groups."""
+    _, cfg = validate_section(instance, section, "test")
+    cls = registry.load(plugin_type(instance, section))
+    ctx = PluginContext(
+        instance=instance,
+        prefix=cfg.prefix or f"{prefix}/{instance}",
+        host_prefix=prefix,
+        state_dir=Path("/nonexistent"),
+        allocator_url="http://127.0.0.1:9",
+        config_dir=config_dir,
+    )
+    plugin = cls(cfg, ctx)
+    return plugin, await plugin.build()
+
+
+def by_name(group: Group, values: Any) -> dict[str, float]:
+    return {s.name: float(v) for s, v in zip(group.sensors, values, strict=True)}

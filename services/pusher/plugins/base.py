@@ -99,7 +99,7 @@ class PluginConfig(GroupOptions):
     def group_defaults(self) -> dict[str, Any]:
         """The group and sensor options set at plugin level, for groups to inherit."""
         keys = set(GroupOptions.model_fields)
-        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if k in keys}
+        return {k: v for k, v in self.model_dump().items() if k in keys}
 
 
 @dataclass(slots=True)
