@@ -27,8 +27,9 @@ from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
 from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
+from services.query_api import console
 from services.query_api.context import ApiContext
-from services.query_api.routes import readings, sensors, virtual
+from services.query_api.routes import prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ def create_app(
     app.include_router(sensors.router(ctx))
     app.include_router(readings.router(ctx))
     app.include_router(virtual.router(ctx))
+    app.include_router(prometheus.router(ctx))
+    console.mount(app)
     return app
 
 

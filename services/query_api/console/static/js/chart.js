@@ -1,0 +1,296 @@
+// Charts: several sensors over a relative (live) or absolute range, one y axis per unit (uPlot).
+import { readings, nsString } from "./api.js";
+import { PALETTE, Poller, fmtInt, h } from "./util.js";
+
+const TARGET_POINTS = 1000; // about one per horizontal pixel: resample longer ranges server-side
+const GAP_FACTOR = 3; // a step this many times the usual one breaks the line
+
+export class ChartPanel {
+  constructor(els, onChange) {
+    this.els = els; // {chart, chosen, empty, status, range, custom, start, end, apply, live, reset, clear}
+    this.onChange = onChange;
+    this.sensors = []; // [{name, colour}]
+    this.range = { kind: "relative", seconds: 900 };
+    this.plot = null;
+    this.plotKey = "";
+    this.window = [0, 0];
+    this.poller = new Poller(() => this.refresh(), 2000);
+    this.visible = false;
+    els.range.addEventListener("change", () => this.onRangeSelect());
+    els.apply.addEventListener("click", () => this.applyCustom());
+    els.live.addEventListener("change", () => this.schedule());
+    els.reset.addEventListener("click", () => this.setRange({ kind: "relative", seconds: this.lastRelative || 900 }));
+    els.clear.addEventListener("click", () => { this.sensors = []; this.changed(); });
+    new ResizeObserver(() => this.resize()).observe(els.chart);
+  }
+
+  has(name) { return this.sensors.some((s) => s.name === name); }
+
+  colours() { return new Map(this.sensors.map((s) => [s.name, s.colour])); }
+
+  toggle(name) {
+    if (this.has(name)) this.remove(name);
+    else this.add(name);
+  }
+
+  add(...names) {
+    for (const name of names) {
+      if (this.has(name)) continue;
+      const used = new Set(this.sensors.map((s) => s.colour));
+      const colour = PALETTE.find((c) => !used.has(c)) || PALETTE[this.sensors.length % PALETTE.length];
+      this.sensors.push({ name, colour });
+    }
+    this.changed();
+  }
+
+  remove(name) {
+    this.sensors = this.sensors.filter((s) => s.name !== name);
+    this.changed();
+  }
+
+  changed() {
+    this.renderChips();
+    this.onChange?.();
+    this.poller.kick();
+    this.schedule();
+  }
+
+  setVisible(v) {
+    this.visible = v;
+    this.schedule();
+    if (v) this.resize();
+  }
+
+  isLive() { return this.range.kind === "relative" && this.els.live.checked; }
+
+  /** Poll while visible, live and showing something; refresh faster for shorter ranges. */
+  schedule() {
+    const on = this.visible && this.isLive() && this.sensors.length > 0;
+    if (!on) { this.poller.stop(); return; }
+    this.poller.setPeriod(Math.min(30000, Math.max(1000, (this.range.seconds / 450) * 1000)));
+    this.poller.start();
+  }
+
+  setRange(range) {
+    this.range = range;
+    if (range.kind === "relative") {
+      this.lastRelative = range.seconds;
+      this.els.range.value = String(range.seconds);
+      if (this.els.range.value !== String(range.seconds)) this.els.range.value = "900";
+      this.els.custom.hidden = true;
+      this.els.reset.hidden = true;
+    } else {
+      this.els.range.value = "custom";
+      this.els.custom.hidden = false;
+      this.els.start.value = localInput(range.startMs);
+      this.els.end.value = localInput(range.endMs);
+      this.els.reset.hidden = false;
+    }
+    this.onChange?.();
+    this.poller.kick();
+    this.schedule();
+  }
+
+  onRangeSelect() {
+    const v = this.els.range.value;
+    if (v !== "custom") { this.setRange({ kind: "relative", seconds: Number(v) }); return; }
+    const [a, b] = this.currentWindowMs();
+    this.els.start.value = localInput(a);
+    this.els.end.value = localInput(b);
+    this.els.custom.hidden = false;
+    this.els.start.focus();
+  }
+
+  applyCustom() {
+    const a = Date.parse(this.els.start.value), b = Date.parse(this.els.end.value);
+    if (!(a < b)) {
+      this.setStatus("The range needs a start before its end.", "error");
+      return;
+    }
+    this.setRange({ kind: "absolute", startMs: a, endMs: b });
+  }
+
+  currentWindowMs() {
+    if (this.range.kind === "absolute") return [this.range.startMs, this.range.endMs];
+    const now = Date.now();
+    return [now - this.range.seconds * 1000, now];
+  }
+
+  /** Query arguments for the current range, with server-side resampling for long ones. */
+  query() {
+    const [a, b] = this.currentWindowMs();
+    const step = Math.floor((b - a) / 1000 / TARGET_POINTS);
+    const interval = step >= 2 ? `${step}s` : undefined;
+    if (this.range.kind === "relative") return { start: `now-${this.range.seconds}s`, end: undefined, interval };
+    return { start: nsString(a), end: nsString(b), interval };
+  }
+
+  async refresh() {
+    if (!this.sensors.length) {
+      this.destroyPlot();
+      this.els.empty.hidden = false;
+      this.setStatus("");
+      return;
+    }
+    this.els.empty.hidden = true;
+    const q = this.query();
+    const want = this.sensors.slice();
+    const answers = await Promise.allSettled(want.map((s) => readings(s.name, q.start, q.end, q.interval)));
+    if (want.map((s) => s.name).join() !== this.sensors.map((s) => s.name).join()) return; // changed meanwhile
+    const errors = [];
+    const tables = [];
+    const units = [];
+    let win = null;
+    answers.forEach((a, k) => {
+      if (a.status === "fulfilled") {
+        tables.push(toTable(a.value));
+        units.push(a.value.unit || "");
+        win ??= [a.value.start_ns / 1e9, a.value.end_ns / 1e9];
+      } else {
+        tables.push([[], []]);
+        units.push("");
+        errors.push(`${want[k].name}: ${a.reason.detail || a.reason.message}`);
+      }
+    });
+    if (win) this.window = win;
+    else { const [a, b] = this.currentWindowMs(); this.window = [a / 1000, b / 1000]; }
+    const data = window.uPlot.join(tables);
+    this.draw(want, units, data);
+    const points = tables.reduce((n, t) => n + t[1].filter((v) => v !== null).length, 0);
+    this.els.chart.dataset.points = String(points);
+    this.els.chart.dataset.series = String(want.length);
+    const when = new Date().toLocaleTimeString();
+    const resampled = q.interval ? ` · averaged over ${q.interval}` : "";
+    this.setStatus(errors.length ? errors.join("\n") : `${fmtInt(points)} points${resampled} · updated ${when}`, errors.length ? "error" : "");
+  }
+
+  draw(sensors, units, data) {
+    const key = sensors.map((s, k) => `${s.name}|${s.colour}|${units[k]}`).join(";");
+    if (this.plot && key === this.plotKey) {
+      this.plot.setData(data);
+      return;
+    }
+    this.destroyPlot();
+    this.plotKey = key;
+    const css = getComputedStyle(document.documentElement);
+    const ink = css.getPropertyValue("--text").trim() || "#222";
+    const grid = css.getPropertyValue("--line").trim() || "#ddd";
+    const unitList = [...new Set(units)];
+    const axes = [{ stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } }];
+    unitList.forEach((u, k) => {
+      axes.push({
+        scale: `u:${u}`, side: k % 2 ? 1 : 3, label: u || "(no unit)", stroke: ink,
+        grid: { show: k === 0, stroke: grid, width: 1 }, ticks: { stroke: grid }, size: 60,
+      });
+    });
+    const scales = { x: { time: true, range: () => this.window } };
+    for (const u of unitList) scales[`u:${u}`] = { auto: true };
+    const opts = {
+      ...this.size(),
+      scales,
+      axes,
+      series: [
+        { label: "time" },
+        ...sensors.map((s, k) => ({
+          label: units[k] ? `${s.name} [${units[k]}]` : s.name,
+          stroke: s.colour, width: 1.5, scale: `u:${units[k]}`, spanGaps: false,
+          value: (u, v) => (v === null || v === undefined ? "–" : formatValue(v)),
+        })),
+      ],
+      cursor: { drag: { x: true, y: false, setScale: false } },
+      legend: { live: true },
+      hooks: { setSelect: [(u) => this.zoom(u)] },
+    };
+    this.plot = new window.uPlot(opts, data, this.els.chart);
+  }
+
+  zoom(u) {
+    const { left, width } = u.select;
+    if (width < 4) return;
+    const a = u.posToVal(left, "x") * 1000, b = u.posToVal(left + width, "x") * 1000;
+    u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+    this.setRange({ kind: "absolute", startMs: a, endMs: b });
+  }
+
+  size() {
+    const w = Math.max(300, this.els.chart.clientWidth - 16);
+    const hgt = Math.max(260, Math.min(520, window.innerHeight - 330));
+    return { width: w, height: hgt };
+  }
+
+  resize() {
+    if (this.plot && this.els.chart.clientWidth > 0) this.plot.setSize(this.size());
+  }
+
+  destroyPlot() {
+    this.plot?.destroy();
+    this.plot = null;
+    this.plotKey = "";
+    this.els.chart.replaceChildren();
+    this.els.chart.dataset.points = "0";
+    this.els.chart.dataset.series = "0";
+  }
+
+  renderChips() {
+    this.els.chosen.replaceChildren(...this.sensors.map((s) => h("li", {},
+      h("span", { class: "swatch", style: { background: s.colour }, "aria-hidden": "true" }),
+      h("span", {}, s.name),
+      h("button", { type: "button", "aria-label": `Remove ${s.name} from the chart`, title: "Remove", onclick: () => this.remove(s.name) }, "×"),
+    )));
+  }
+
+  setStatus(text, kind = "") {
+    this.els.status.textContent = text;
+    this.els.status.className = `status ${kind}`;
+  }
+
+  /** Chart state for the address bar: {s: [names], r: "900" | "abs:<ms>-<ms>"}. */
+  state() {
+    const r = this.range.kind === "relative" ? String(this.range.seconds) : `abs:${Math.round(this.range.startMs)}-${Math.round(this.range.endMs)}`;
+    return { s: this.sensors.map((x) => x.name), r };
+  }
+
+  restore(params) {
+    const r = params.get("r");
+    const m = r && /^abs:(\d+)-(\d+)$/.exec(r);
+    if (m) this.setRange({ kind: "absolute", startMs: Number(m[1]), endMs: Number(m[2]) });
+    else if (r && Number(r) > 0) this.setRange({ kind: "relative", seconds: Number(r) });
+    const names = params.getAll("s");
+    if (names.join() !== this.sensors.map((x) => x.name).join()) {
+      this.sensors = [];
+      if (names.length) this.add(...names);
+      else this.changed();
+    }
+  }
+}
+
+/** Readings -> [xs in s, ys] with a null wherever the series pauses much longer than usual. */
+function toTable(r) {
+  const ts = r.timestamps_ns, vs = r.values;
+  const n = ts.length;
+  if (n < 3) return [ts.map((t) => t / 1e9), vs.slice()];
+  const steps = [];
+  for (let i = 1; i < n; i++) steps.push(ts[i] - ts[i - 1]);
+  const usual = steps.slice().sort((a, b) => a - b)[steps.length >> 1];
+  const xs = [ts[0] / 1e9], ys = [vs[0]];
+  for (let i = 1; i < n; i++) {
+    if (usual > 0 && steps[i - 1] > GAP_FACTOR * usual) {
+      xs.push((ts[i - 1] + usual) / 1e9);
+      ys.push(null);
+    }
+    xs.push(ts[i] / 1e9);
+    ys.push(vs[i]);
+  }
+  return [xs, ys];
+}
+
+function formatValue(v) {
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(3);
+  return v.toFixed(a >= 100 ? 1 : a >= 1 ? 2 : 4);
+}
+
+function localInput(ms) {
+  const d = new Date(ms - new Date(ms).getTimezoneOffset() * 60000);
+  return d.toISOString().slice(0, 19);
+}

@@ -1,0 +1,320 @@
+// The hall view: the allocator's racks and nodes as a floor plan, coloured by inlet temperature.
+import { ALLOCATOR, getJSON, latestMatching } from "./api.js";
+import { Poller, fmt, fmtAge, h, inkOn, jobColour, rampGradient, s, tempColour } from "./util.js";
+
+const CELL_W = 78, CELL_H = 38, RACK_GAP = 16, PAD = 3, LABEL_W = 58;
+const COLD_H = 30, HOT_H = 44, RACK_LABEL_H = 14;
+const STALE_S = 30; // a measurement older than this is shown hatched
+const DEFAULT_REDLINE_C = 30;
+
+export class HallView {
+  constructor(els, onChart) {
+    this.els = els; // {plan, totals, legend, node, jobs, status, name, modes}
+    this.onChart = onChart;
+    this.mode = "measured";
+    this.hall = null;
+    this.measured = new Map();
+    this.selected = 0;
+    this.renders = 0;
+    this.poller = new Poller(() => this.refresh(), 1000);
+    for (const r of els.modes) {
+      r.addEventListener("change", () => { if (r.checked) { this.mode = r.value; this.paint(); } });
+    }
+  }
+
+  setVisible(v) {
+    if (v) this.poller.start();
+    else this.poller.stop();
+  }
+
+  async refresh() {
+    const started = Date.now();
+    let hall;
+    try {
+      hall = await getJSON(`${ALLOCATOR}/api/v1/hall`);
+    } catch (exc) {
+      this.setStatus(exc.status === 0 || exc.status >= 500
+        ? `Allocator unreachable: ${exc.detail}` : `Hall not available: ${exc.detail}`, "error");
+      this.els.plan.classList.add("stale-view");
+      return;
+    }
+    try {
+      this.measured = await latestMatching(this.inletPattern(hall), `now-${STALE_S * 2}s`);
+    } catch (exc) {
+      this.measured = new Map();
+      this.setStatus(`Measured inlet temperatures unavailable: ${exc.detail}`, "warn");
+    }
+    const layout = `${hall.rows}x${hall.racks}x${hall.slots}`;
+    if (!this.hall || this.layout !== layout) this.build(hall);
+    this.hall = hall;
+    this.layout = layout;
+    this.paint();
+    this.renders += 1;
+    this.els.plan.dataset.renders = String(this.renders);
+    this.els.plan.dataset.fetchedMs = String(started);
+  }
+
+  inletSensor(n) {
+    return n.inlet_sensor || `/hall/row${n.row}/rack${n.rack}/node${n.slot}/inlet_temp`;
+  }
+
+  powerSensor(n) {
+    return n.power_sensor || `/hall/row${n.row}/rack${n.rack}/node${n.slot}/power`;
+  }
+
+  inletPattern(hall) {
+    const n = hall.nodes[0];
+    return n?.inlet_sensor ? n.inlet_sensor.replace(/\/[^/]+\/[^/]+\/[^/]+\/([^/]+)$/, "/*/*/*/$1") : "/hall/*/*/*/inlet_temp";
+  }
+
+  /** Geometry: rows top to bottom, a cold aisle at each front, a hot aisle between facing rows. */
+  build(hall) {
+    const rackW = CELL_W + 2 * PAD, rackH = hall.slots * CELL_H + 2 * PAD;
+    const width = LABEL_W + hall.racks * rackW + (hall.racks - 1) * RACK_GAP + 8;
+    const aisles = [];
+    const rowsY = [];
+    let y = 0;
+    for (let r = 0; r < hall.rows; r++) {
+      const hot = r % 2 === 1;
+      aisles.push({ y, h: hot ? HOT_H : COLD_H, hot });
+      y += hot ? HOT_H : COLD_H;
+      if (!hot) y += RACK_LABEL_H;
+      rowsY.push(y);
+      y += rackH;
+      if (hot) y += RACK_LABEL_H;
+    }
+    const lastHot = hall.rows % 2 === 1;
+    aisles.push({ y, h: lastHot ? HOT_H : COLD_H, hot: lastHot });
+    y += lastHot ? HOT_H : COLD_H;
+
+    const svg = s("svg", {
+      viewBox: `0 0 ${width} ${y}`, role: "group",
+      "aria-label": `Floor plan of ${hall.name || "the hall"}: ${hall.rows} rows of ${hall.racks} racks, ${hall.slots} nodes each, slot 0 at the bottom`,
+    });
+    svg.append(s("defs", {}, s("pattern", { id: "hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+      s("rect", { width: 6, height: 6, fill: "#9aa3ad", opacity: 0.25 }),
+      s("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#5b6470", "stroke-width": 2, opacity: 0.6 }))));
+    for (const a of aisles) {
+      svg.append(s("rect", { x: 0, y: a.y, width, height: a.h, class: a.hot ? "aisle-hot" : "aisle-cold" }));
+      svg.append(s("text", { x: width / 2, y: a.y + a.h / 2 + 4, "text-anchor": "middle", class: "aisle-label" },
+        a.hot ? "hot aisle" : "cold aisle"));
+    }
+    this.cells = new Map();
+    for (let r = 0; r < hall.rows; r++) {
+      const top = rowsY[r];
+      svg.append(s("text", { x: 4, y: top + rackH / 2 + 4, class: "row-label" }, `row ${r}`));
+      for (let k = 0; k < hall.racks; k++) {
+        const x = LABEL_W + k * (rackW + RACK_GAP);
+        svg.append(s("rect", { x, y: top, width: rackW, height: rackH, rx: 3, class: "rack-frame" }));
+        const labelY = r % 2 === 0 ? top - 4 : top + rackH + 11;
+        svg.append(s("text", { x: x + rackW / 2, y: labelY, "text-anchor": "middle", class: "rack-label" }, `rack ${k}`));
+        for (let sl = 0; sl < hall.slots; sl++) {
+          const cy = top + PAD + (hall.slots - 1 - sl) * CELL_H; // slot 0 at the bottom
+          const g = s("g", { class: "node", tabindex: "-1", role: "button", "data-row": r, "data-rack": k, "data-slot": sl });
+          const cell = s("rect", { x: x + PAD, y: cy, width: CELL_W, height: CELL_H, class: "cell" });
+          const stale = s("rect", { x: x + PAD, y: cy, width: CELL_W, height: CELL_H, class: "stale", visibility: "hidden" });
+          const t1 = s("text", { x: x + PAD + CELL_W / 2, y: cy + 16, "text-anchor": "middle", "font-weight": 600 });
+          const t2 = s("text", { x: x + PAD + CELL_W / 2, y: cy + 30, "text-anchor": "middle", "font-size": 10 });
+          const ring = s("rect", { x: x + PAD + 1.5, y: cy + 1.5, width: CELL_W - 3, height: CELL_H - 3, class: "focus-ring" });
+          g.append(cell, stale, t1, t2, ring);
+          g.addEventListener("click", () => this.select(g));
+          g.addEventListener("focus", () => this.select(g));
+          g.addEventListener("keydown", (e) => this.onKey(e, r, k, sl));
+          svg.append(g);
+          this.cells.set(`${r}/${k}/${sl}`, { g, cell, stale, t1, t2, x: x + PAD, y: cy });
+        }
+      }
+    }
+    this.outlines = s("g", {});
+    svg.append(this.outlines);
+    this.svg = svg;
+    this.els.plan.replaceChildren(svg);
+    const first = this.cells.get("0/0/0");
+    if (first) first.g.setAttribute("tabindex", "0");
+  }
+
+  onKey(e, r, k, sl) {
+    const hall = this.hall;
+    if (!hall) return;
+    let to = null;
+    if (e.key === "ArrowLeft") to = [r, k - 1, sl];
+    else if (e.key === "ArrowRight") to = [r, k + 1, sl];
+    else if (e.key === "ArrowUp") to = sl < hall.slots - 1 ? [r, k, sl + 1] : [r - 1, k, 0];
+    else if (e.key === "ArrowDown") to = sl > 0 ? [r, k, sl - 1] : [r + 1, k, hall.slots - 1];
+    else if (e.key === "Enter" || e.key === " ") { e.preventDefault(); this.chartNode(this.nodeAt(r, k, sl)); return; }
+    if (!to) return;
+    e.preventDefault();
+    const c = this.cells.get(to.join("/"));
+    if (c) c.g.focus(); // the focus handler selects it
+  }
+
+  nodeAt(r, k, sl) {
+    return this.hall?.nodes.find((n) => n.row === r && n.rack === k && n.slot === sl);
+  }
+
+  select(g) {
+    for (const c of this.cells.values()) {
+      c.g.classList.toggle("selected", c.g === g);
+      c.g.setAttribute("tabindex", c.g === g ? "0" : "-1");
+    }
+    const n = this.nodeAt(Number(g.dataset.row), Number(g.dataset.rack), Number(g.dataset.slot));
+    this.selected = n ? n.index : 0;
+    this.renderDetail();
+  }
+
+  chartNode(n) {
+    if (n) this.onChart([this.inletSensor(n), this.powerSensor(n)]);
+  }
+
+  /** Colours, labels, job outlines and totals for the latest hall and measurements. */
+  paint() {
+    const hall = this.hall;
+    if (!hall) return;
+    this.els.plan.classList.remove("stale-view");
+    const t = hall.totals || {};
+    const redline = hall.redline_c ?? t.redline_c ?? DEFAULT_REDLINE_C;
+    const temps = hall.nodes.map((n) => this.tempOf(n)).filter((x) => x !== null);
+    const lo = Math.min(t.supply_c ?? 15, ...temps);
+    const hi = Math.max(redline, ...temps);
+    const now = Date.now();
+    let busy = 0;
+    for (const n of hall.nodes) {
+      const c = this.cells.get(`${n.row}/${n.rack}/${n.slot}`);
+      if (!c) continue;
+      const tin = this.tempOf(n);
+      const fill = tin === null ? "#b8bec6" : tempColour(tin, lo, hi);
+      c.cell.setAttribute("fill", fill);
+      c.t1.setAttribute("fill", inkOn(fill));
+      c.t2.setAttribute("fill", inkOn(fill));
+      c.t1.textContent = tin === null ? "no data" : `${fmt(tin)} °C`;
+      c.t2.textContent = n.busy ? `job ${n.job ?? "?"}` : "idle";
+      c.stale.setAttribute("visibility", this.mode === "measured" && tin === null ? "visible" : "hidden");
+      c.g.dataset.index = String(n.index);
+      c.g.dataset.busy = String(!!n.busy);
+      c.g.dataset.job = n.busy && n.job !== null && n.job !== undefined ? String(n.job) : "";
+      const m = this.measured.get(this.inletSensor(n));
+      c.g.setAttribute("aria-label", `row ${n.row} rack ${n.rack} slot ${n.slot}: ${n.busy ? `job ${n.job}` : "idle"}, `
+        + `inlet ${this.mode} ${tin === null ? "unknown" : `${fmt(tin)} °C`}${m ? `, measured ${fmtAge(m.tsNs, now)}` : ""}`);
+      if (n.busy) busy += 1;
+    }
+    this.els.plan.dataset.busyCount = String(busy);
+    this.drawOutlines(hall);
+    this.renderTotals(hall, busy, redline);
+    this.renderLegend(lo, hi);
+    this.renderJobs(hall);
+    this.renderDetail();
+    this.els.name.textContent = hall.name ? `· ${hall.name}` : "";
+    const stamp = new Date().toLocaleTimeString();
+    this.setStatus(this.mode === "measured" && this.measured.size === 0
+      ? `No inlet measurements in the last ${STALE_S * 2} s (is the datacenter plugin running?) · ${stamp}`
+      : `updated ${stamp}`, this.mode === "measured" && this.measured.size === 0 ? "warn" : "");
+  }
+
+  tempOf(n) {
+    if (this.mode === "predicted") return Number.isFinite(n.predicted_tin_c) ? n.predicted_tin_c : null;
+    const m = this.measured.get(this.inletSensor(n));
+    if (!m || Date.now() / 1000 - m.tsNs / 1e9 > STALE_S) return null;
+    return m.value;
+  }
+
+  /** One outline per run of neighbouring slots in a rack that run the same job. */
+  drawOutlines(hall) {
+    const runs = [];
+    for (let r = 0; r < hall.rows; r++) {
+      for (let k = 0; k < hall.racks; k++) {
+        let run = null;
+        for (let sl = 0; sl < hall.slots; sl++) {
+          const n = this.nodeAt(r, k, sl);
+          const job = n?.busy ? String(n.job) : null;
+          if (run && job === run.job) { run.hi = sl; continue; }
+          if (run) runs.push(run);
+          run = job === null ? null : { r, k, lo: sl, hi: sl, job };
+        }
+        if (run) runs.push(run);
+      }
+    }
+    this.outlines.replaceChildren(...runs.map((run) => {
+      const top = this.cells.get(`${run.r}/${run.k}/${run.hi}`), bottom = this.cells.get(`${run.r}/${run.k}/${run.lo}`);
+      return s("rect", {
+        x: top.x + 1.5, y: top.y + 1.5, width: CELL_W - 3, height: bottom.y + CELL_H - top.y - 3, rx: 4,
+        class: "job-outline", stroke: jobColour(run.job), "data-job": run.job,
+      });
+    }));
+  }
+
+  renderTotals(hall, busy, redline) {
+    const t = hall.totals || {};
+    const measuredPeak = Math.max(...[...this.measured.values()].filter((m) => Date.now() / 1000 - m.tsNs / 1e9 <= STALE_S).map((m) => m.value));
+    const rows = [
+      ["Peak inlet, predicted", `${fmt(t.max_tin_c)} °C`],
+      ["Peak inlet, measured", Number.isFinite(measuredPeak) ? `${fmt(measuredPeak)} °C` : "–"],
+      ["Redline", `${fmt(redline)} °C`],
+      ["Supply air", `${fmt(t.supply_c)} °C`],
+      ["CoP", fmt(t.cop, 2)],
+      ["Computing", `${fmt(t.computing_kw)} kW`],
+      ["Cooling", `${fmt(t.cooling_kw)} kW`],
+      ["Busy nodes", `${busy} / ${hall.nodes.length}`],
+    ];
+    if (hall.policy) rows.push(["Policy", hall.policy]);
+    this.els.totals.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  }
+
+  renderLegend(lo, hi) {
+    this.els.legend.replaceChildren(
+      h("div", {}, `Inlet temperature (${this.mode})`),
+      h("div", { class: "bar", style: { background: rampGradient() } }),
+      h("div", { class: "ends" }, h("span", {}, `${fmt(lo)} °C`), h("span", {}, `${fmt(hi)} °C`)),
+    );
+  }
+
+  renderJobs(hall) {
+    const jobs = new Map();
+    for (const n of hall.nodes) {
+      if (!n.busy) continue;
+      const j = jobs.get(String(n.job)) || { nodes: 0, power: 0 };
+      j.nodes += 1;
+      j.power += n.power_w || 0;
+      jobs.set(String(n.job), j);
+    }
+    const items = [...jobs.entries()].sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }));
+    if (!items.length) { this.els.jobs.replaceChildren(h("li", { class: "muted" }, "none")); return; }
+    this.els.jobs.replaceChildren(...items.map(([job, j]) => {
+      const li = h("li", { tabindex: "0", dataset: { job } },
+        h("span", { class: "swatch", style: { borderColor: jobColour(job) }, "aria-hidden": "true" }),
+        h("span", {}, `job ${job}`), h("span", { class: "muted" }, `${j.nodes} node${j.nodes > 1 ? "s" : ""} · ${fmt(j.power / 1000)} kW`));
+      const lit = (on) => this.highlightJob(on ? job : null);
+      li.addEventListener("mouseenter", () => lit(true));
+      li.addEventListener("mouseleave", () => lit(false));
+      li.addEventListener("focus", () => lit(true));
+      li.addEventListener("blur", () => lit(false));
+      return li;
+    }));
+  }
+
+  highlightJob(job) {
+    this.svg?.classList.toggle("dim", job !== null);
+    for (const c of this.cells.values()) c.g.classList.toggle("lit", job !== null && c.g.dataset.job === job);
+  }
+
+  renderDetail() {
+    const n = this.hall?.nodes.find((x) => x.index === this.selected);
+    if (!n) { this.els.node.replaceChildren(); return; }
+    const m = this.measured.get(this.inletSensor(n));
+    this.els.node.replaceChildren(
+      h("strong", {}, `Node ${n.index}`), h("span", { class: "muted" }, ` · row ${n.row}, rack ${n.rack}, slot ${n.slot}`),
+      h("dl", {},
+        h("dt", {}, "State"), h("dd", {}, n.busy ? `running job ${n.job}` : "idle"),
+        h("dt", {}, "Power"), h("dd", {}, `${fmt(n.power_w, 0)} W`),
+        h("dt", {}, "Inlet, predicted"), h("dd", {}, `${fmt(n.predicted_tin_c)} °C`),
+        h("dt", {}, "Inlet, measured"), h("dd", {}, m ? `${fmt(m.value)} °C (${fmtAge(m.tsNs)})` : "–"),
+      ),
+      h("div", { class: "row" },
+        h("button", { type: "button", class: "small", onclick: () => this.chartNode(n) }, "Chart inlet and power")),
+    );
+  }
+
+  setStatus(text, kind = "") {
+    this.els.status.textContent = text;
+    this.els.status.className = `status ${kind}`;
+  }
+}
