@@ -79,8 +79,10 @@ USER root
 RUN chown -R 10001:10001 "${KELVIN_PACKAGE_DIR}"
 COPY --chmod=0755 <<'EOF' /usr/local/bin/kelvin-dev
 #!/bin/sh
-# Run `kelvin "$@"` and restart it (SIGINT, then SIGKILL after 10 s) when a .py file changes.
-exec watchfiles --filter python --sigint-timeout 10 "kelvin $*" "${KELVIN_PACKAGE_DIR}"
+# Run `kelvin <args>` and restart it (SIGINT, then SIGKILL after 10 s) when a .py file
+# under the package changes. The args are plain words (`run <service> --config <file>`).
+exec watchfiles --target-type command --filter python --sigint-timeout 10 \
+  "kelvin $*" "${KELVIN_PACKAGE_DIR}"
 EOF
 USER 10001:10001
 ENTRYPOINT ["kelvin-dev"]
