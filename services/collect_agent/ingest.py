@@ -111,6 +111,7 @@ class Ingestor:
         self._resumed.set()
         self._task: asyncio.Task[None] | None = None
         self._committing: asyncio.Task[None] | None = None
+        self._committed = asyncio.Condition()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> asyncio.Task[None]:
@@ -272,6 +273,11 @@ class Ingestor:
         """Re-evaluate back-pressure (after a commit or a drain)."""
         self._set_paused(self.spool.over_quota or self._group.bytes > self.max_group_bytes)
 
+    async def wait_spooled(self, readings: int) -> None:
+        """Until at least ``readings`` readings in total were committed to the spool."""
+        async with self._committed:
+            await self._committed.wait_for(lambda: self.readings_spooled >= readings)
+
     async def admitted(self) -> None:
         """Until back-pressure is off (HTTP waits here before reading a body)."""
         await self._resumed.wait()
@@ -364,3 +370,5 @@ class Ingestor:
         if self.cache is not None and n:
             self.cache.put_batch(batch)
         self.check_pressure()
+        async with self._committed:
+            self._committed.notify_all()

@@ -84,6 +84,10 @@ class Subscriber:
         self.client_id = settings.client_id or f"kelvin-agent-{socket.gethostname()}"
         self.filters = topic_filters(settings.group, settings.prefixes)
         self.connected = False
+        self.subscribed = asyncio.Event()
+        """Set while the subscription is active (tests and readiness wait on it)."""
+        self.lost = asyncio.Event()
+        """Set while disconnected after having been subscribed."""
         self.messages = 0
         self.connected_since: float | None = None
         self.last_error: str | None = None
@@ -145,6 +149,8 @@ class Subscriber:
                     await client.subscribe(self.filters)
                     self._session = session
                     self.connected = True
+                    self.subscribed.set()
+                    self.lost.clear()
                     self.connected_since = time.monotonic()
                     self.metrics.broker_connected.set(1)
                     log.info(
@@ -164,6 +170,9 @@ class Subscriber:
             finally:
                 session.alive = False
                 self.connected = False
+                if self.subscribed.is_set():
+                    self.lost.set()
+                self.subscribed.clear()
                 self.metrics.broker_connected.set(0)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
