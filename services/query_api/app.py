@@ -29,7 +29,7 @@ from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import ApiContext
-from services.query_api.routes import prometheus, readings, sensors, virtual
+from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ def create_app(
     app.include_router(readings.router(ctx))
     app.include_router(virtual.router(ctx))
     app.include_router(prometheus.router(ctx))
+    app.include_router(grafana.router(ctx))
     console.mount(app)
     return app
 

@@ -21,7 +21,12 @@ export class ChartPanel {
     els.live.addEventListener("change", () => this.schedule());
     els.reset.addEventListener("click", () => this.setRange({ kind: "relative", seconds: this.lastRelative || 900 }));
     els.clear.addEventListener("click", () => { this.sensors = []; this.changed(); });
-    new ResizeObserver(() => this.resize()).observe(els.chart);
+    // Follow the container's width only (a height change is our own doing), one frame later.
+    let lastWidth = 0;
+    new ResizeObserver(([entry]) => {
+      const w = Math.round(entry.contentRect.width);
+      if (w !== lastWidth) { lastWidth = w; requestAnimationFrame(() => this.resize()); }
+    }).observe(els.chart);
   }
 
   has(name) { return this.sensors.some((s) => s.name === name); }

@@ -173,7 +173,7 @@ export class HallView {
     this.els.plan.classList.remove("stale-view");
     const t = hall.totals || {};
     const redline = hall.redline_c ?? t.redline_c ?? DEFAULT_REDLINE_C;
-    const temps = hall.nodes.map((n) => this.tempOf(n)).filter((x) => x !== null);
+    const temps = hall.nodes.filter((n) => n.present !== false).map((n) => this.tempOf(n)).filter((x) => x !== null);
     const lo = Math.min(t.supply_c ?? 15, ...temps);
     const hi = Math.max(redline, ...temps);
     const now = Date.now();
@@ -181,14 +181,15 @@ export class HallView {
     for (const n of hall.nodes) {
       const c = this.cells.get(`${n.row}/${n.rack}/${n.slot}`);
       if (!c) continue;
-      const tin = this.tempOf(n);
-      const fill = tin === null ? "#b8bec6" : tempColour(tin, lo, hi);
+      const absent = n.present === false;
+      const tin = absent ? null : this.tempOf(n);
+      const fill = absent ? "transparent" : tin === null ? "#b8bec6" : tempColour(tin, lo, hi);
       c.cell.setAttribute("fill", fill);
-      c.t1.setAttribute("fill", inkOn(fill));
-      c.t2.setAttribute("fill", inkOn(fill));
-      c.t1.textContent = tin === null ? "no data" : `${fmt(tin)} °C`;
-      c.t2.textContent = n.busy ? `job ${n.job ?? "?"}` : "idle";
-      c.stale.setAttribute("visibility", this.mode === "measured" && tin === null ? "visible" : "hidden");
+      c.t1.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
+      c.t2.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
+      c.t1.textContent = absent ? "absent" : tin === null ? "no data" : `${fmt(tin)} °C`;
+      c.t2.textContent = absent ? "" : n.busy ? `job ${n.job ?? "?"}` : "idle";
+      c.stale.setAttribute("visibility", !absent && this.mode === "measured" && tin === null ? "visible" : "hidden");
       c.g.dataset.index = String(n.index);
       c.g.dataset.busy = String(!!n.busy);
       c.g.dataset.job = n.busy && n.job !== null && n.job !== undefined ? String(n.job) : "";
@@ -253,8 +254,9 @@ export class HallView {
       ["CoP", fmt(t.cop, 2)],
       ["Computing", `${fmt(t.computing_kw)} kW`],
       ["Cooling", `${fmt(t.cooling_kw)} kW`],
-      ["Busy nodes", `${busy} / ${hall.nodes.length}`],
+      ["Busy nodes", `${busy} / ${hall.nodes.filter((n) => n.present !== false).length}`],
     ];
+    if (Number.isFinite(t.running_jobs)) rows.push(["Jobs running, queued", `${t.running_jobs}, ${t.queued_jobs ?? 0}`]);
     if (hall.policy) rows.push(["Policy", hall.policy]);
     this.els.totals.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   }
