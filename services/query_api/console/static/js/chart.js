@@ -21,12 +21,12 @@ export class ChartPanel {
     els.live.addEventListener("change", () => this.schedule());
     els.reset.addEventListener("click", () => this.setRange({ kind: "relative", seconds: this.lastRelative || 900 }));
     els.clear.addEventListener("click", () => { this.sensors = []; this.changed(); });
-    // Follow the container's width only (a height change is our own doing), one frame later.
+    // Follow the view's width only (the chart's height is our own doing), one frame later.
     let lastWidth = 0;
     new ResizeObserver(([entry]) => {
       const w = Math.round(entry.contentRect.width);
       if (w !== lastWidth) { lastWidth = w; requestAnimationFrame(() => this.resize()); }
-    }).observe(els.chart);
+    }).observe(els.chart.parentElement);
   }
 
   has(name) { return this.sensors.some((s) => s.name === name); }
@@ -218,13 +218,13 @@ export class ChartPanel {
   }
 
   size() {
-    const w = Math.max(300, this.els.chart.clientWidth - 16);
+    const w = Math.max(300, this.els.chart.parentElement.clientWidth - 18);
     const hgt = Math.max(260, Math.min(520, window.innerHeight - 330));
     return { width: w, height: hgt };
   }
 
   resize() {
-    if (this.plot && this.els.chart.clientWidth > 0) this.plot.setSize(this.size());
+    if (this.plot && this.els.chart.parentElement.clientWidth > 0) this.plot.setSize(this.size());
   }
 
   destroyPlot() {

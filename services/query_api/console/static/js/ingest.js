@@ -76,8 +76,9 @@ export class IngestView {
     const ink = css.getPropertyValue("--text").trim() || "#222";
     const grid = css.getPropertyValue("--line").trim() || "#ddd";
     this.plot = new window.uPlot({
-      width: Math.max(300, Math.min(900, this.els.chart.clientWidth - 16)), height: 170,
-      scales: { x: { time: true } },
+      // The container is empty (0 wide) until uPlot fills it: size from its parent.
+      width: Math.max(300, Math.min(900, this.els.chart.parentElement.clientWidth - 18)), height: 170,
+      scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, Math.max(1, (hi || 0) * 1.15)] } },
       axes: [{ stroke: ink, grid: { stroke: grid } }, { stroke: ink, grid: { stroke: grid }, label: "readings/s", size: 60 }],
       series: [{ label: "time" }, { label: "received", stroke: "#1f77b4", width: 1.5 }, { label: "written", stroke: "#2ca02c", width: 1.5, dash: [4, 3] }],
     }, data, this.els.chart);

@@ -115,7 +115,7 @@ function describe(exc, expression) {
   if (!(exc instanceof ApiError)) return String(exc);
   if (exc.status === 401) return "The query API needs a token to change virtual sensors (Token, top right).";
   const pos = exc.position;
-  if (Number.isInteger(pos) && expression) return `${exc.detail}\n${expression}\n${" ".repeat(Math.max(0, pos - 1))}^`;
+  if (Number.isInteger(pos) && expression && !exc.detail.includes("\n")) return `${exc.detail}\n${expression}\n${" ".repeat(Math.max(0, pos - 1))}^`;
   return exc.detail;
 }
 
