@@ -16,7 +16,9 @@ def bind_tcp(
     ``port`` 0 picks a free port (tests); read it back with ``sock.getsockname()``.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
+    # with proto 0 every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # REUSEADDR only skips TIME_WAIT of our own past runs; it does not let
         # two live listeners share a port on Linux (that would be REUSEPORT).
