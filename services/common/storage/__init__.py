@@ -33,8 +33,22 @@ def _sqlite(settings: StorageSettings, registry: CollectorRegistry | None) -> St
     return SqliteStorage(settings.sqlite, registry)
 
 
+def _influxdb(settings: StorageSettings, registry: CollectorRegistry | None) -> StorageBackend:
+    from services.common.storage.influxdb import InfluxStorage
+
+    return InfluxStorage(settings.influxdb, registry)
+
+
+def _sharded(settings: StorageSettings, registry: CollectorRegistry | None) -> StorageBackend:
+    from services.common.storage.sharded import ShardedStorage
+
+    return ShardedStorage(settings.sharded, registry)
+
+
 BACKENDS: dict[str, Factory] = {
     "sqlite": _sqlite,
+    "influxdb": _influxdb,
+    "sharded": _sharded,
 }
 """Backend name -> factory. Backends import lazily so unused drivers never load."""
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from services.common import names as _names
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 
@@ -34,6 +35,18 @@ class Child:
     """Readings (or metadata) are stored under exactly this name."""
     has_children: bool
     """Names exist below it."""
+
+
+def children_of(all_names: Sequence[str], prefix: str) -> list[Child]:
+    """Direct children of ``prefix`` among sensor names (every backend lists this way)."""
+    kids: dict[str, list[bool]] = {}
+    for n in all_names:
+        c = _names.child_of(n, prefix)
+        if c is None:
+            continue
+        entry = kids.setdefault(c, [False, False])
+        entry[0 if n == c else 1] = True
+    return [Child(k, v[0], v[1]) for k, v in sorted(kids.items())]
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,17 +46,37 @@ class InfluxSettings(BaseModel):
     database: str = "kelvin"
     retention_policy: str | None = None
     """None = the database's default policy."""
+    catalog_retention_policy: str | None = "autogen"
+    """Policy holding records that must never expire (metadata, virtual sensor
+    definitions, jobs); keep it infinite. None = the database's default policy."""
+    retention_duration: str | None = None
+    """With ``retention_policy``: create that policy with this InfluxQL duration
+    (``30d``, ``52w``, ``INF``) on open if it is missing."""
     username: str | None = None
     password: str | None = None
     token: str | None = None
     """2.x/3.x token (sent as ``Authorization: Token ...``)."""
+    org: str | None = None
+    """2.x organisation, used only to create the bucket ``<database>/<policy>``."""
     create_database: bool = True
-    """Create the database (1.x) on open if it is missing."""
+    """Create the database (1.x; the bucket on 2.x; 3.x creates it on first write)."""
     timeout_s: float = Field(10.0, gt=0)
     retries: int = Field(5, ge=0)
     """Attempts for a retryable failure before raising RetryableStorageError."""
+    backoff_s: float = Field(0.2, gt=0)
+    """First wait before a retry; doubles each attempt (with jitter)."""
+    backoff_max_s: float = Field(5.0, gt=0)
+    """Longest wait between two attempts."""
     measurement: str = "kelvin"
-    """Measurement holding readings; the sensor name is a tag."""
+    """Measurement holding readings; the sensor name is a tag. Metadata, virtual
+    sensors, jobs and the write log live in ``<measurement>_meta``, ``_vdef``,
+    ``_vpoints``, ``_vranges``, ``_jobs``, ``_writes`` of the same database."""
+    write_lines: int = Field(50_000, ge=100)
+    """Readings per HTTP write request (a batch is split into requests of this size)."""
+    concurrency: int = Field(4, ge=1, le=64)
+    """Requests in flight at once for multi-sensor reads."""
+    modified_log_s: float = Field(86_400.0, gt=0)
+    """How long the write log behind ``modified_since`` is kept (pruned by retention)."""
 
 
 class ShardSettings(BaseModel):

@@ -34,7 +34,7 @@ from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage import chunks
 from services.common.storage import sqlite_catalog as cat
-from services.common.storage.base import Child, StorageBackend, VirtualResults
+from services.common.storage.base import Child, StorageBackend, VirtualResults, children_of
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite_readings import (
@@ -312,7 +312,7 @@ class SqliteStorage(StorageBackend):
         return await self._read("sensors", lambda c: cat.sensor_names(c, prefix))
 
     async def children(self, prefix: str = "/") -> list[Child]:
-        return cat.children_of(await self.sensors(prefix), prefix)
+        return children_of(await self.sensors(prefix), prefix)
 
     # ------------------------------------------------------------------ metadata
     async def get_metadata(self, sensor: str) -> SensorMetadata | None:

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from services.common import names
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
-from services.common.storage.base import Child, VirtualResults
+from services.common.storage.base import VirtualResults
 
 
 # ---------------------------------------------------------------------- hierarchy
@@ -28,18 +27,6 @@ def sensor_names(con: sqlite3.Connection, prefix: str) -> list[str]:
             (prefix, prefix + "/", prefix + "0"),  # '0' sorts right after '/'
         ).fetchall()
     return [r[0] for r in rows]
-
-
-def children_of(all_names: list[str], prefix: str) -> list[Child]:
-    """Direct children of ``prefix`` among ``all_names`` (shared by every backend)."""
-    kids: dict[str, list[bool]] = {}
-    for n in all_names:
-        c = names.child_of(n, prefix)
-        if c is None:
-            continue
-        entry = kids.setdefault(c, [False, False])
-        entry[0 if n == c else 1] = True
-    return [Child(k, v[0], v[1]) for k, v in sorted(kids.items())]
 
 
 # ---------------------------------------------------------------------- metadata

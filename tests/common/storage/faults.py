@@ -40,4 +40,41 @@ def _inject(backend: StorageBackend, m: pytest.MonkeyPatch) -> None:
 
         m.setattr(backend.store, "stage", stage_then_fail)
         return
+    if backend.kind == "influxdb":
+        from services.common.storage.influxdb import InfluxStorage
+
+        assert isinstance(backend, InfluxStorage)
+        _drop_after_first_request(backend, m)
+        return
+    if backend.kind == "sharded":
+        from services.common.storage.sharded import ShardedStorage
+
+        assert isinstance(backend, ShardedStorage)
+        _inject(backend.shards["b"], m)
+        return
     raise AssertionError(f"no failure injection for backend {backend.kind!r}")
+
+
+def _drop_after_first_request(backend: Any, m: pytest.MonkeyPatch) -> None:
+    """Split batches into requests of 10 lines; every request after the first
+    fails with a dropped connection, and retries are quick."""
+    import httpx
+
+    m.setattr(
+        backend.http,
+        "settings",
+        backend.http.settings.model_copy(update={"retries": 2, "backoff_s": 0.001}),
+    )
+    m.setattr(backend, "settings", backend.settings.model_copy(update={"write_lines": 10}))
+    client = backend.http.client
+    real = client.request
+    calls = {"write": 0}
+
+    async def flaky(method: str, url: str, **kw: Any) -> httpx.Response:
+        if url == "/write":
+            calls["write"] += 1
+            if calls["write"] > 1:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response")
+        return await real(method, url, **kw)
+
+    m.setattr(client, "request", flaky)

@@ -1,0 +1,146 @@
+"""InfluxDB wire details: line protocol out, InfluxQL in, CSV results back.
+
+- Sensor names travel as the ``sensor`` tag. Line protocol cannot carry a
+  newline in a tag and InfluxDB 1.x keeps backslashes verbatim (a trailing one
+  breaks the line), so ``%``, ``\\``, LF and CR are percent-encoded in the tag;
+  every other character (unicode, spaces, commas, quotes) is stored as is, so
+  tags stay readable in Grafana.
+- InfluxDB rejects NaN and +-inf in float fields; Kelvin stores them as three
+  reserved finite values at the very end of the float range (see
+  :data:`SENTINELS`) and maps them back on read.
+- Range reads ask for CSV (``Accept: application/csv``): measured 1.4x faster
+  end to end than JSON for 1M points (server encoding plus ``np.loadtxt``).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import urllib.parse
+from collections.abc import Sequence
+
+import numpy as np
+
+from services.common.errors import PermanentStorageError
+from services.common.readings import Float64Array, Int64Array
+
+MIN_TIME_NS = -9_223_372_036_854_775_806
+"""Earliest timestamp InfluxDB accepts (it reserves the two lowest int64)."""
+MAX_TIME_NS = 9_223_372_036_854_775_806
+"""Latest timestamp InfluxDB accepts."""
+
+_DBL_MAX = sys.float_info.max
+NAN_SENTINEL = -np.nextafter(_DBL_MAX, 0.0)
+SENTINELS = {"nan": float(NAN_SENTINEL), "inf": _DBL_MAX, "-inf": -_DBL_MAX}
+"""Stored stand-ins for NaN, +inf, -inf: a genuine reading of exactly one of
+these values (the largest finite doubles) reads back as the non-finite one."""
+
+_TAG_PERCENT = str.maketrans({"%": "%25", "\\": "%5C", "\n": "%0A", "\r": "%0D"})
+_TAG_ESCAPE = str.maketrans({",": "\\,", "=": "\\=", " ": "\\ "})
+_REGEX_META = re.compile(r"([.^$*+?()\[\]{}|\\/])")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def tag_value(name: str) -> str:
+    """The stored tag value of a name (percent-encoded, not yet line-escaped).
+
+    The empty string, which line protocol cannot carry, is stored as ``%``.
+    """
+    return name.translate(_TAG_PERCENT) if name else "%"
+
+
+def name_of_tag(value: str) -> str:
+    """Inverse of :func:`tag_value`."""
+    if value == "%":
+        return ""
+    return urllib.parse.unquote(value) if "%" in value else value
+
+
+def line_tag(name: str) -> str:
+    """The tag value as it appears in a line of line protocol."""
+    return tag_value(name).translate(_TAG_ESCAPE)
+
+
+def string_literal(text: str) -> str:
+    """An InfluxQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def identifier(text: str) -> str:
+    """An InfluxQL double-quoted identifier."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def field_string(text: str) -> str:
+    """A line-protocol string field value, quoted."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def prefix_regex(prefix: str) -> str:
+    """InfluxQL regex literal matching the tag of ``prefix`` and every name below it."""
+    return "/^" + _REGEX_META.sub(r"\\\1", tag_value(prefix)) + r"(\/|$)/"
+
+
+def check_identifier(value: str, what: str) -> str:
+    if not _IDENT.fullmatch(value):
+        raise PermanentStorageError(
+            f"influxdb: {what} {value!r} must be letters, digits and '_' (not starting with a digit)"
+        )
+    return value
+
+
+def encode_values(values: Float64Array) -> Float64Array:
+    """Replace NaN and +-inf by their sentinels (a copy only when needed)."""
+    finite = np.isfinite(values)
+    if bool(finite.all()):
+        return values
+    out = values.copy()
+    out[np.isnan(values)] = SENTINELS["nan"]
+    out[values == np.inf] = SENTINELS["inf"]
+    out[values == -np.inf] = SENTINELS["-inf"]
+    return out
+
+
+def decode_values(values: Float64Array) -> Float64Array:
+    """Inverse of :func:`encode_values`, in place."""
+    big = np.abs(values) >= SENTINELS["inf"] * (1 - 1e-15)
+    if bool(big.any()):
+        values[values == SENTINELS["nan"]] = np.nan
+        values[values == SENTINELS["inf"]] = np.inf
+        values[values == SENTINELS["-inf"]] = -np.inf
+    return values
+
+
+def head(measurement: str, tag_key: str, name: str) -> str:
+    """``<measurement>,<tag_key>=<tag> value=``: the start of every line of one series."""
+    return f"{measurement},{tag_key}={line_tag(name)} value="
+
+
+def lines(
+    heads: Sequence[str], counts: Sequence[int], timestamps_ns: Int64Array, values: Float64Array
+) -> list[str]:
+    """One line per reading, series ``i`` starting with ``heads[i]`` (see :func:`head`)."""
+    per_reading = [h for h, c in zip(heads, counts, strict=True) for _ in range(c)]
+    vals = encode_values(values).tolist()
+    return [
+        f"{h}{v!r} {t}\n" for h, v, t in zip(per_reading, vals, timestamps_ns.tolist(), strict=True)
+    ]
+
+
+def parse_csv(body: bytes) -> tuple[Int64Array, Float64Array]:
+    """``time`` and ``value`` columns of a CSV result (``name,tags,time,value``)."""
+    if body.startswith(b"error"):
+        raise PermanentStorageError(f"influxdb: query failed: {body[6:].decode(errors='replace')}")
+    nl = body.find(b"\n")
+    if nl < 0 or nl == len(body) - 1:
+        return np.empty(0, np.int64), np.empty(0, np.float64)
+    data = np.loadtxt(
+        io.BytesIO(body[nl + 1 :]),
+        delimiter=",",
+        usecols=(2, 3),
+        dtype=[("t", "<i8"), ("v", "<f8")],
+        ndmin=1,
+        comments=None,
+    )
+    return np.ascontiguousarray(data["t"]), decode_values(np.ascontiguousarray(data["v"]))
