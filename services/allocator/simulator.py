@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from services.allocator.communication import runtime_stretch
 from services.allocator.engine import Allocator, current
@@ -47,18 +48,37 @@ class PolicyRun:
     summary: dict[str, Any] = field(default_factory=dict)
     final_owner: list[str | None] = field(default_factory=list)
     final_inlet_c: list[float] = field(default_factory=list)
+    power_times_s: list[float] = field(default_factory=list)
+    power_snapshots: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    """Node powers after every event (only with ``record_powers``)."""
+
+    def power_trace(self, step_s: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Node powers sampled every ``step_s`` (as a power meter would see them)."""
+        if not self.power_snapshots:
+            raise ValueError("run the simulation with record_powers=True")
+        t = np.asarray(self.power_times_s)
+        grid = np.arange(t[0], t[-1], step_s)
+        idx = np.searchsorted(t, grid, side="right") - 1
+        return grid, np.asarray(self.power_snapshots)[idx]
 
 
-def run(exp: Experiment, policy: str, seed: int = 0, min_mttf_years: float = 0.0) -> PolicyRun:
+def run(
+    exp: Experiment,
+    policy: str,
+    seed: int = 0,
+    min_mttf_years: float = 0.0,
+    record_powers: bool = False,
+) -> PolicyRun:
     allocator = Allocator(policy, PolicyOptions(seed=seed), min_mttf_years=min_mttf_years)
-    sim = _Simulation(exp, allocator)
+    sim = _Simulation(exp, allocator, record_powers)
     sim.run()
     return sim.result
 
 
 class _Simulation:
-    def __init__(self, exp: Experiment, allocator: Allocator) -> None:
+    def __init__(self, exp: Experiment, allocator: Allocator, record_powers: bool) -> None:
         self.exp = exp
+        self.record_powers = record_powers
         self.allocator = allocator
         self.state = HallState(exp.model)
         self.result = PolicyRun(allocator.policy_name)
@@ -171,6 +191,13 @@ class _Simulation:
             self.result.series[-1] = row
         else:
             self.result.series.append(row)
+        if self.record_powers:
+            res = self.result
+            if res.power_times_s and res.power_times_s[-1] == self.now:
+                res.power_snapshots[-1] = self.state.powers_w.copy()
+            else:
+                res.power_times_s.append(self.now)
+                res.power_snapshots.append(self.state.powers_w.copy())
 
     def _summary(self) -> dict[str, Any]:
         if self.exp.duration_s is None:

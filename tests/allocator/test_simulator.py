@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services import cli
 from services.allocator import experiments, simulator
 from services.common.thermal import reference_hall
+from tests.allocator.kelvin_cli import kelvin
 
 SHORT = experiments.DynamicParams(seed=4, hours=1.5, warmup_hours=0.5, arrival_rate_per_h=25)
 
@@ -69,7 +69,7 @@ def test_mttf_constraint_stalls_jobs_in_the_dynamic_run() -> None:
 
 
 def test_cli_json_has_the_contract_fields(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(
+    rc = kelvin(
         ["allocator", "simulate", "--experiment", "static-row", "--policy", "mc1x1", "--json"]
     )
     assert rc == 0
@@ -95,7 +95,7 @@ def test_cli_json_has_the_contract_fields(capsys: pytest.CaptureFixture[str]) ->
 def test_cli_out_writes_csv_plots_and_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = cli.main(
+    rc = kelvin(
         [
             "allocator",
             "simulate",
@@ -135,6 +135,6 @@ def test_cli_out_writes_csv_plots_and_summary(
 
 
 def test_cli_rejects_bad_ranges(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["allocator", "simulate", "--experiment", "dynamic", "--sizes", "9-2"])
+    rc = kelvin(["allocator", "simulate", "--experiment", "dynamic", "--sizes", "9-2"])
     assert rc == 2
     assert "--sizes 9-2" in capsys.readouterr().err

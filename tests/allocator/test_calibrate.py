@@ -1,0 +1,206 @@
+"""Closed loop: D recovered from noisy telemetry of simulated placements, over HTTP, applied live."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+
+from services.allocator import experiments, simulator
+from services.allocator.app import create_service
+from services.allocator.calibrate import CalibrationError, align, compare, fit_d, synthetic_samples
+from services.allocator.closed_loop import sensor_names
+from services.common.http import HttpServer
+from services.common.settings import Config
+from services.common.thermal import Float64Array, reference_hall
+from tests.allocator.kelvin_cli import kelvin
+from tests.support.servers import free_port
+
+STEP_S = 30.0
+
+
+def _placements(hours: float, seed: int = 3) -> tuple[Float64Array, Float64Array]:
+    """Node powers every 30 s from a dynamic simulation (random policy: varied occupancy)."""
+    params = experiments.DynamicParams(
+        seed=seed, hours=hours, warmup_hours=0.0, arrival_rate_per_h=25
+    )
+    run = simulator.run(
+        experiments.dynamic(reference_hall(), params), "random", seed, record_powers=True
+    )
+    return run.power_trace(STEP_S)
+
+
+def test_fit_recovers_the_reference_d_from_simulated_placements() -> None:
+    hall = reference_hall()
+    _, powers = _placements(12.0)
+    assert len(powers) >= 1400
+    samples = synthetic_samples(hall, powers[:1440], seed=1, power_noise_w=20.0, temp_noise_c=0.2)
+    fit = fit_d(samples, hall.supply_c)
+    err = compare(fit.d_matrix, hall.d_matrix, hall)
+    # the residual is the sensor noise (0.2 °C Gaussian + 0.1 °C rounding), not model error
+    assert fit.rmse_c == pytest.approx(np.sqrt(0.2**2 + 0.1**2 / 12), rel=0.1)
+    assert err["d_rel_frobenius"] < 0.10
+    assert err["tin_rmse_c"] < 0.15
+    assert err["max_tin_abs_c"] < 0.6
+    assert (fit.d_matrix >= 0).all()
+
+
+def test_fit_with_free_supply_finds_the_supply_temperature() -> None:
+    hall = reference_hall().replace(supply_c=18.0)
+    _, powers = _placements(12.0)
+    samples = synthetic_samples(hall, powers, seed=2, power_noise_w=5.0, temp_noise_c=0.05)
+    fit = fit_d(samples, 15.0, fit_supply=True)
+    assert np.median(fit.supply_c) == pytest.approx(18.0, abs=0.3)
+
+
+def test_too_few_samples_are_refused() -> None:
+    hall = reference_hall()
+    samples = synthetic_samples(hall, hall.powers_w(np.zeros((10, 40))), seed=0)
+    with pytest.raises(CalibrationError, match="10 aligned samples for 40 nodes"):
+        fit_d(samples, 15.0)
+
+
+def test_align_samples_each_series_on_one_grid() -> None:
+    s = 1_000_000_000
+    fast = (np.arange(0, 100 * s, 10 * s, dtype=np.int64), np.arange(10, dtype=np.float64))
+    jittered = (np.arange(10, dtype=np.int64) * 10 * s + 2 * s, np.arange(10, dtype=np.float64) * 2)
+    gap = (np.array([0, 10 * s, 20 * s, 80 * s, 90 * s], dtype=np.int64), np.ones(5))
+    out = align([fast], [jittered, gap])
+    # grid from 2 s (all started) to 90 s (all ended), 10 s steps; readings may be 15 s old,
+    # so the gap in the third series drops 42..72 s
+    assert out.times_ns.tolist() == [2 * s, 12 * s, 22 * s, 32 * s, 82 * s]
+    np.testing.assert_array_equal(out.powers_w[:, 0], [0.0, 1.0, 2.0, 3.0, 8.0])
+    np.testing.assert_array_equal(out.inlet_c[:, 0], [0.0, 2.0, 4.0, 6.0, 16.0])
+    with pytest.raises(CalibrationError, match="no readings"):
+        align([fast], [(np.empty(0, np.int64), np.empty(0))])
+
+
+def _query_api(series: dict[str, tuple[Any, Any]]) -> FastAPI:
+    """A stand-in for the query API's readings endpoint (its contract, served from memory).
+
+    The real query API is built in parallel; this serves the documented shape
+    so the calibration's HTTP client is exercised for real.
+    """
+    app = FastAPI()
+
+    @app.get("/api/v1/readings")
+    async def readings(sensor: str, start: int, end: int, format: str = "json") -> JSONResponse:
+        if sensor not in series:
+            raise HTTPException(404, f"unknown sensor {sensor}")
+        ts, vs = series[sensor]
+        keep = (ts >= start) & (ts < end)
+        return JSONResponse(
+            {
+                "sensor": sensor,
+                "unit": "W" if sensor.endswith("power") else "celsius",
+                "start_ns": start,
+                "end_ns": end,
+                "count": int(keep.sum()),
+                "timestamps_ns": ts[keep].tolist(),
+                "values": vs[keep].tolist(),
+            }
+        )
+
+    return app
+
+
+async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Path) -> None:
+    hall = reference_hall()
+    _, powers = _placements(12.0)
+    samples = synthetic_samples(hall, powers[:1200], seed=5)
+    t0 = 1_790_000_000 * 1_000_000_000
+    ts = t0 + np.arange(len(powers[:1200]), dtype=np.int64) * int(STEP_S * 1e9)
+    names = sensor_names(hall)
+    series = {n: (ts, samples.powers_w[:, i]) for i, n in enumerate(names["power"])}
+    series |= {n: (ts, samples.inlet_c[:, i]) for i, n in enumerate(names["inlet_temp"])}
+    query = HttpServer(_query_api(series), "127.0.0.1", 0, "stand-in query API")
+    await query.start()
+    cfg = Config()
+    for key, value in {
+        "host": "127.0.0.1",
+        "port": 0,
+        "state_dir": str(tmp_path / "s"),
+        "brokers": [f"127.0.0.1:{free_port()}"],
+    }.items():
+        cfg.set("allocator", key, value)
+    allocator = create_service(cfg)
+    await allocator.start()
+    try:
+        np.savetxt(tmp_path / "true.D.txt", hall.d_matrix)
+        argv = [
+            "allocator",
+            "calibrate",
+            "--start",
+            str(t0),
+            "--end",
+            str(int(ts[-1]) + 1),
+            "--url",
+            f"http://127.0.0.1:{query.port}",
+            "--known-d",
+            str(tmp_path / "true.D.txt"),
+            "--out",
+            str(tmp_path / "fitted.yaml"),
+            "--apply",
+            "--allocator-url",
+            f"http://127.0.0.1:{allocator.port}",
+            "--json",
+        ]
+        out = tmp_path / "report.json"
+
+        def run_cli() -> int:
+            import contextlib
+            import io
+
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rc = kelvin(argv)
+            out.write_text(buf.getvalue())
+            return rc
+
+        assert await asyncio.to_thread(run_cli) == 0
+        report = json.loads(out.read_text())
+        assert report["samples"] == 1200 and report["sensors"] == 80
+        assert report["known"]["d_rel_frobenius"] < 0.15
+        live = allocator.core.book.model.hall.d_matrix
+        np.testing.assert_allclose(
+            live, compare_ready(tmp_path / "fitted.D.txt"), rtol=1e-6, atol=1e-12
+        )
+        assert allocator.core.model_meta["source"] == "kelvin allocator calibrate"
+        assert not np.allclose(live, hall.d_matrix)
+    finally:
+        await allocator.stop()
+        await query.stop()
+
+
+def compare_ready(path: Path) -> Float64Array:
+    return np.loadtxt(path)
+
+
+def test_calibrate_names_an_unreachable_query_api(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    rc = kelvin(["allocator", "calibrate", "--start", "now-1h", "--end", "now", "--url", url])
+    assert rc == 1
+    assert f"cannot reach the query API at {url}" in capsys.readouterr().err
+
+
+def test_sensor_map_templates_and_lists() -> None:
+    hall = reference_hall()
+    names = sensor_names(hall, {"power": "/dc/r{row}/k{rack}/n{slot}/watts"})
+    assert names["power"][34] == "/dc/r1/k3/n2/watts"
+    assert names["inlet_temp"][0] == "/hall/row0/rack0/node0/inlet_temp"
+    from services.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="list of 40 names"):
+        sensor_names(hall, {"power": ["/a"]})
+
+
+def test_compare_reports_zero_for_the_truth() -> None:
+    hall = reference_hall()
+    err = compare(hall.d_matrix, hall.d_matrix, hall)
+    assert err["d_rel_frobenius"] == 0.0 and err["tin_max_abs_c"] == 0.0

@@ -1,0 +1,308 @@
+"""The allocator service end to end over HTTP (and MQTT to a real mosquitto)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import httpx
+import numpy as np
+import pytest
+
+from services.allocator.app import AllocatorService, create_service
+from services.allocator.engine import Allocator
+from services.allocator.jobs import Job
+from services.allocator.model import HallModel
+from services.allocator.state import HallState
+from services.common import codec
+from services.common.settings import Config
+from services.common.thermal import reference_hall
+from tests.support.servers import Mosquitto, free_port
+
+
+def _config(state_dir: Path, broker_port: int, profile: str = "run", **allocator: Any) -> Config:
+    cfg = Config()
+    cfg.profile = profile
+    values = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "state_dir": str(state_dir),
+        "brokers": [f"127.0.0.1:{broker_port}"],
+        "policy": "first-fit",
+        **allocator,
+    }
+    for key, value in values.items():
+        cfg.set("allocator", key, value)
+    return cfg
+
+
+class Running:
+    """A started service plus an HTTP client and a way to await job events."""
+
+    def __init__(self, svc: AllocatorService) -> None:
+        self.svc = svc
+        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=10)
+
+    async def event(self, match: Callable[[str, Job], bool], within_s: float = 10.0) -> Job:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Job] = loop.create_future()
+
+        def listener(event: str, job: Job) -> None:
+            if match(event, job) and not fut.done():
+                fut.set_result(job)
+
+        self.svc.core.book.listeners.append(listener)
+        try:
+            return await asyncio.wait_for(fut, within_s)
+        finally:
+            self.svc.core.book.listeners.remove(listener)
+
+    async def metric(self, name: str) -> float:
+        text = (await self.http.get("/metrics")).text
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"metric {name} not found")
+
+    async def stop(self) -> None:
+        await self.http.aclose()
+        await self.svc.stop()
+
+
+async def _start(cfg: Config) -> Running:
+    svc = create_service(cfg)
+    await svc.start()
+    return Running(svc)
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Running]:
+    running = await _start(_config(tmp_path / "state", free_port()))
+    yield running
+    await running.stop()
+
+
+async def test_place_queue_release_and_the_hall_view(service: Running) -> None:
+    http = service.http
+    r1 = await http.post("/api/v1/jobs", json={"size": 30})
+    assert r1.status_code == 201
+    first = r1.json()
+    assert first["state"] == "running" and first["nodes"] == list(range(30))
+    assert first["decision"]["placed"] and "runner_ups" in first["decision"]
+    r2 = await http.post("/api/v1/jobs", json={"size": 20, "comm_share": 0.2})
+    assert r2.status_code == 202 and r2.json()["waiting_reason"] == "capacity"
+    listed = (await http.get("/api/v1/jobs")).json()["jobs"]
+    assert [j["state"] for j in listed] == ["running", "queued"]
+
+    hall = (await http.get("/api/v1/hall")).json()
+    assert {"name", "rows", "racks", "slots", "nodes", "totals"} <= set(hall)
+    assert len(hall["nodes"]) == 40
+    node = hall["nodes"][33]
+    assert (node["index"], node["row"], node["rack"], node["slot"]) == (33, 1, 3, 1)
+    assert isinstance(node["busy"], bool) and isinstance(node["power_w"], float)
+    assert isinstance(node["predicted_tin_c"], float)
+    assert sum(n["busy"] for n in hall["nodes"]) == 30
+    assert all(n["job"] == first["id"] for n in hall["nodes"] if n["busy"])
+    totals = hall["totals"]
+    for key in ("max_tin_c", "supply_c", "cop", "computing_kw", "cooling_kw"):
+        assert isinstance(totals[key], float)
+    assert totals["max_tin_c"] == pytest.approx(max(n["predicted_tin_c"] for n in hall["nodes"]))
+    assert await service.metric("kelvin_allocator_max_inlet_celsius") == pytest.approx(
+        totals["max_tin_c"]
+    )
+
+    deleted = await http.delete(f"/api/v1/jobs/{first['id']}")
+    assert deleted.status_code == 200 and deleted.json()["state"] == "cancelled"
+    second = (await http.get(f"/api/v1/jobs/{r2.json()['id']}")).json()
+    assert second["state"] == "running" and len(second["nodes"]) == 20
+    assert (await http.delete(f"/api/v1/jobs/{first['id']}")).status_code == 409
+    assert (await http.delete("/api/v1/jobs/nope")).status_code == 404
+
+
+async def test_a_job_with_a_runtime_releases_itself(service: Running) -> None:
+    finished = asyncio.ensure_future(service.event(lambda e, j: e == "finished"))
+    r = await service.http.post("/api/v1/jobs", json={"size": 5, "runtime_s": 0.2})
+    assert r.status_code == 201
+    job = await finished
+    assert job.id == r.json()["id"]
+    hall = (await service.http.get("/api/v1/hall")).json()
+    assert not any(n["busy"] for n in hall["nodes"])
+    done = (await service.http.get("/api/v1/jobs", params={"state": "finished"})).json()["jobs"]
+    assert [j["id"] for j in done] == [job.id]
+
+
+async def test_state_and_model_survive_a_restart(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "state", free_port())
+    first = await _start(cfg)
+    a = (await first.http.post("/api/v1/jobs", json={"size": 25})).json()
+    b = (await first.http.post("/api/v1/jobs", json={"size": 25})).json()
+    await first.http.put("/api/v1/policy", json={"policy": "mc1x1"})
+    d2 = (reference_hall().d_matrix * 2).tolist()
+    assert (await first.http.put("/api/v1/hall/model", json={"d_matrix": d2})).status_code == 200
+    before = (await first.http.get("/api/v1/hall")).json()
+    await first.stop()
+
+    second = await _start(cfg)
+    try:
+        jobs = {j["id"]: j for j in (await second.http.get("/api/v1/jobs")).json()["jobs"]}
+        assert jobs[a["id"]]["state"] == "running" and jobs[a["id"]]["nodes"] == a["nodes"]
+        assert jobs[b["id"]]["state"] == "queued"
+        after = (await second.http.get("/api/v1/hall")).json()
+        assert after["policy"] == "mc1x1"
+        assert after["totals"]["max_tin_c"] == pytest.approx(before["totals"]["max_tin_c"])
+        c = (await second.http.post("/api/v1/jobs", json={"size": 1})).json()
+        assert int(c["id"][1:]) == 3  # ids continue
+    finally:
+        await second.stop()
+
+
+async def test_reliability_constraint_stalls_then_starts(tmp_path: Path) -> None:
+    # thresholds from the model itself: A alone is fine, A and B together are not
+    state = HallState(HallModel(reference_hall()))
+    alone = Allocator("first-fit").decide(state, 8).choice
+    assert alone is not None
+    state.place("a", alone.nodes, alone.node_power_w)
+    both = Allocator("first-fit").decide(state, 8).choice
+    assert both is not None and both.min_mttf_years < alone.min_mttf_years
+    limit = (alone.min_mttf_years + both.min_mttf_years) / 2
+
+    running = await _start(_config(tmp_path / "s", free_port(), min_mttf_years=limit))
+    try:
+        http = running.http
+        assert (await http.post("/api/v1/jobs", json={"size": 16})).status_code == 422  # never fits
+        a = await http.post("/api/v1/jobs", json={"size": 8})
+        assert a.status_code == 201
+        b = await http.post("/api/v1/jobs", json={"size": 8})
+        assert b.status_code == 202 and b.json()["waiting_reason"] == "mttf"
+        assert await running.metric("kelvin_allocator_mttf_stalls_total") >= 1
+        await http.delete(f"/api/v1/jobs/{a.json()['id']}")
+        assert (await http.get(f"/api/v1/jobs/{b.json()['id']}")).json()["state"] == "running"
+    finally:
+        await running.stop()
+
+
+async def test_decisions_are_published_as_sensors(
+    tmp_path: Path, mosquitto_broker: Mosquitto
+) -> None:
+    running = await _start(_config(tmp_path / "s", mosquitto_broker.port, publish_interval_s=3600))
+    try:
+        async with aiomqtt.Client("127.0.0.1", mosquitto_broker.port) as sub:
+            await sub.subscribe("/KELVIN_BATCH/#", qos=1)
+            await sub.subscribe("/DCDB_JOBDATA/", qos=1)
+            r = await running.http.post("/api/v1/jobs", json={"size": 6})
+            assert r.status_code == 201
+            totals = (await running.http.get("/api/v1/hall")).json()["totals"]
+            got_batch, got_job = None, None
+            async with asyncio.timeout(10):
+                async for msg in sub.messages:
+                    topic = msg.topic.value
+                    payload = bytes(msg.payload)  # type: ignore[arg-type]
+                    if topic.startswith(codec.BATCH_PREFIX):
+                        _, prefix = codec.classify(topic)
+                        batch = codec.decode_batch(prefix, payload)
+                        values = {s.sensor: float(s.values[-1]) for s in batch}
+                        if values.get("/kelvin/allocator/utilization") == pytest.approx(0.15):
+                            got_batch = values
+                    elif topic.startswith("/DCDB_JOBDATA"):
+                        got_job = json.loads(payload)
+                    if got_batch and got_job:
+                        break
+        assert got_batch["/kelvin/allocator/max_tin_c"] == pytest.approx(totals["max_tin_c"])
+        assert got_batch["/kelvin/allocator/cooling_kw"] == pytest.approx(totals["cooling_kw"])
+        assert got_job["jobid"] == r.json()["id"] and got_job["endtime"] == 0
+        assert got_job["nodes"][0] == "/hall/row0/rack0/node0"
+    finally:
+        await running.stop()
+
+
+async def test_broker_down_never_blocks_placement(tmp_path: Path) -> None:
+    running = await _start(_config(tmp_path / "s", free_port(), publish_buffer=3))
+    try:
+        for _ in range(4):
+            assert (await running.http.post("/api/v1/jobs", json={"size": 2})).status_code == 201
+        assert await running.metric("kelvin_allocator_mqtt_connected") == 0
+        assert await running.metric("kelvin_allocator_publish_dropped_total") > 0
+        assert await running.metric("kelvin_allocator_publish_buffer_messages") == 3
+    finally:
+        await running.stop()
+
+
+async def test_policy_and_model_endpoints_validate(service: Running) -> None:
+    http = service.http
+    got = (await http.get("/api/v1/policy")).json()
+    assert got["policy"] == "first-fit" and set(got["available"]) >= {"mpit", "joint"}
+    bad = await http.put("/api/v1/policy", json={"policy": "coolest"})
+    assert bad.status_code == 422 and "mpit" in bad.json()["detail"]
+    assert (await http.put("/api/v1/policy", json={"policy": "mpit"})).json()["policy"] == "mpit"
+
+    base = (await http.get("/api/v1/hall")).json()["totals"]["max_tin_c"]
+    d2 = (reference_hall().d_matrix * 2).tolist()
+    assert (
+        await http.put("/api/v1/hall/model", json={"d_matrix": d2, "source": "t"})
+    ).status_code == 200
+    doubled = (await http.get("/api/v1/hall")).json()
+    assert doubled["totals"]["max_tin_c"] - 15 == pytest.approx(2 * (base - 15))
+    assert doubled["model"]["source"] == "t"
+    small = await http.put("/api/v1/hall/model", json={"d_matrix": [[0.0]]})
+    assert small.status_code == 422 and "40x40" in small.json()["detail"]
+    negative = np.array(d2)
+    negative[0, 0] = -1
+    neg = await http.put("/api/v1/hall/model", json={"d_matrix": negative.tolist()})
+    assert neg.status_code == 422 and "non-negative" in neg.json()["detail"]
+    await http.delete("/api/v1/hall/model")
+    assert (await http.get("/api/v1/hall")).json()["totals"]["max_tin_c"] == pytest.approx(base)
+    assert await service.metric('kelvin_allocator_rejected_requests_total{reason="model"}') == 2
+
+
+async def test_bad_requests_are_precise_and_counted(service: Running) -> None:
+    r = await service.http.post("/api/v1/jobs", json={"size": 0, "comm_share": 2})
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert "body.size" in detail and "body.comm_share" in detail
+    r = await service.http.post("/api/v1/jobs", json={"size": 2, "colour": "red"})
+    assert r.status_code == 422 and "colour" in r.json()["detail"]
+    assert (
+        await service.metric('kelvin_allocator_rejected_requests_total{reason="validation"}') == 2
+    )
+    dry = await service.http.post("/api/v1/jobs", params={"dry_run": "true"}, json={"size": 3})
+    assert dry.status_code == 201 and dry.json()["decision"]["placed"]
+    assert (await service.http.get("/api/v1/jobs")).json()["jobs"] == []
+
+
+async def test_mutations_need_the_token_when_one_is_set(tmp_path: Path) -> None:
+    running = await _start(_config(tmp_path / "s", free_port(), api_token="s3cret"))
+    try:
+        assert (await running.http.post("/api/v1/jobs", json={"size": 1})).status_code == 401
+        ok = await running.http.post(
+            "/api/v1/jobs", json={"size": 1}, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 201
+        assert (await running.http.get("/api/v1/hall")).status_code == 200
+    finally:
+        await running.stop()
+
+
+async def test_a_corrupt_state_file_is_set_aside(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / "state.json").write_text("{not json")
+    running = await _start(_config(state, free_port()))
+    try:
+        assert (await running.http.get("/api/v1/jobs")).json()["jobs"] == []
+        assert list(state.glob("state.json.corrupt-*"))
+    finally:
+        await running.stop()
+
+
+async def test_demo_profile_runs_the_seeded_job_stream(tmp_path: Path) -> None:
+    stream = {"mean_interval_s": 0.02, "runtime_s": [0.05, 0.1], "sizes": [2, 4]}
+    running = await _start(_config(tmp_path / "s", free_port(), "demo", job_stream=stream))
+    try:
+        job = await running.event(lambda e, j: e == "finished" and j.name == "demo")
+        assert 2 <= job.size <= 4 and job.ends_ns is not None
+    finally:
+        await running.stop()
