@@ -26,7 +26,12 @@ from services.common.storage.settings import StorageSettings
 from tests.packaging.chart import COMPONENTS, Obj, Rendered, containers
 
 EXISTING_SECRETS = {
-    "kelvin-broker": {"username": "agent", "password": 'br"oker\\pw'},
+    "kelvin-broker": {
+        "username": "agent",
+        "password": 'br"oker\\pw',
+        "publisher-username": "publisher",
+        "publisher-password": "publisher-pw",
+    },
     "kelvin-influxdb": {"influxdb-token": "influx-token-from-secret"},
     "influx-compute": {"token": "compute-token"},
 }
@@ -113,6 +118,18 @@ def test_every_service_loads_its_settings(
         spec = rendered.workload(component)["spec"]["template"]["spec"]
         ports = {p["containerPort"] for p in spec["containers"][0]["ports"]}
         assert own.port in ports, f"{component} listens on {own.port}, not a container port"
+        if component == "pusher":
+            _validate_plugins(own, rendered.values_name)
+
+
+def _validate_plugins(settings: Any, origin: str) -> None:
+    """Each plugin section passes its plugin's own model (root paths, options)."""
+    from services.pusher.config import plugin_sections, validate_section
+
+    sections = plugin_sections(settings.plugins, "run")
+    assert sections, "the pusher would run no plugin"
+    for instance, section in sections.items():
+        validate_section(instance, section, origin)
 
 
 def test_paths_in_the_config_are_mounted(
@@ -200,6 +217,12 @@ def test_default_install_wires_the_services_together(
     agent_settings = load_settings(default, "collect-agent", tmp_path, monkeypatch)
     assert agent_settings["collect_agent"].mqtt_enabled is True
     assert agent_settings["collect_agent"].broker is None
+    # Sensors are named after the node, not the pod; plugins read the node's /proc and /sys.
+    assert pusher.node_prefix == "/node-spec.nodeName"
+    assert pusher.plugins == {
+        "procfs": {"root": "/host/proc"},
+        "sysfs": {"root": "/host/sys", "rapl": False},
+    }
 
 
 def test_everything_reaches_the_services(
@@ -220,6 +243,21 @@ def test_everything_reaches_the_services(
     (c,) = everything.workload("collect-agent")["spec"]["template"]["spec"]["containers"]
     tls_dir = str(Path(str(agent.mqtt_tls_cert)).parent)
     assert tls_dir in {m["mountPath"] for m in c["volumeMounts"]}
+    pusher = load_settings(everything, "pusher", tmp_path, monkeypatch)["pusher"]
+    assert pusher.token == "pusher-token" and pusher.auth_reads is True
+    assert (pusher.mqtt_username, pusher.mqtt_password) == ("pusher", "pusher-password")
+    assert pusher.prefix == "/hpc/node-spec.nodeName" and pusher.format == "dcdb"
+    assert pusher.plugins is not None
+    assert pusher.plugins["sysfs"] == {"root": "/host/sys", "hwmon": False, "rapl": True}
+    assert pusher.plugins["rack-temperatures"]["rapl"] is False, "an explicit rapl wins"
+    allocator = load_settings(everything, "allocator", tmp_path, monkeypatch)["allocator"]
+    assert allocator.api_token == "allocator-token" and allocator.min_mttf_years == 5
+    (c,) = everything.workload("allocator")["spec"]["template"]["spec"]["containers"]
+    assert str(allocator.hall_file) == "/etc/kelvin-hall/hall.yaml"
+    assert "/etc/kelvin-hall" in {m["mountPath"] for m in c["volumeMounts"]}
+    volumes = everything.workload("allocator")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "hall", "configMap": {"name": "kelvin-hall"}} in volumes
+    assert influx.retention_duration == "104w"
     test_pod = everything.get("Pod", "kelvin-test-query-api")
     env = container_env(everything, test_pod["spec"]["containers"][0])
     assert env["KELVIN_QUERY_API_TOKEN"] == "query-token", "helm test must pass protected reads"
@@ -244,6 +282,7 @@ def test_external_broker_mode(
     assert agent.spool_max_bytes == 8589934592
     pusher = load_settings(rendered, "pusher", tmp_path, monkeypatch)["pusher"]
     assert pusher.brokers == ["emqx.mqtt.svc:8883"]
+    assert (pusher.mqtt_username, pusher.mqtt_password) == ("publisher", "publisher-pw")
     storage = load_settings(rendered, "query-api", tmp_path, monkeypatch)["storage"]
     assert storage.influxdb.token == "influx-token-from-secret"
     assert storage.influxdb.username is None, "optional keys missing from the Secret stay unset"

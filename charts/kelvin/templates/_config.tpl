@@ -13,9 +13,11 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $v := .v -}}
 {{- $b := .base -}}
 {{- $out := dict "url" .url -}}
-{{- range $field, $key := dict "database" "database" "measurement" "measurement" "createDatabase" "create_database" "timeoutSeconds" "timeout_s" "retries" "retries" "retentionPolicy" "retention_policy" -}}
+{{- $optional := list "retentionPolicy" "retentionDuration" "org" -}}
+{{- range $field, $key := dict "database" "database" "measurement" "measurement" "createDatabase" "create_database" "timeoutSeconds" "timeout_s" "retries" "retries" "retentionPolicy" "retention_policy" "retentionDuration" "retention_duration" "org" "org" -}}
 {{- $value := ternary (get $v $field) (get $b $field) (hasKey $v $field) -}}
-{{- if not (and (eq $field "retentionPolicy") (not $value)) -}}
+{{- /* empty optional strings stay unset (None: the server's default) */ -}}
+{{- if or $value (not (has $field $optional)) -}}
 {{- $_ := set $out $key $value -}}
 {{- end -}}
 {{- end -}}
@@ -98,6 +100,9 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- define "kelvin.allocatorConfig" -}}
 {{- $a := .Values.allocator -}}
 {{- $out := dict "host" "0.0.0.0" "port" $a.service.port "state_dir" "/var/lib/kelvin/allocator" "policy" $a.policy -}}
+{{- if $a.hall.configMap -}}
+{{- $_ := set $out "hall_file" (printf "/etc/kelvin-hall/%s" $a.hall.file) -}}
+{{- end -}}
 {{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
 {{- $_ := set $out "query_api_url" (include "kelvin.serviceURL" (dict "root" . "component" "query-api" "port" .Values.queryApi.service.port)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $a.config) -}}
@@ -107,6 +112,17 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- define "kelvin.pusherConfig" -}}
 {{- $p := .Values.pusher -}}
 {{- $out := dict "host" "0.0.0.0" "port" $p.port "state_dir" "/var/lib/kelvin/pusher" -}}
+{{- $plugins := dict -}}
+{{- range $name, $section := $p.plugins -}}
+{{- if kindIs "map" $section -}}
+{{- $section = deepCopy $section -}}
+{{- if and (eq (get $section "plugin" | default $name) "sysfs") (not (hasKey $section "rapl")) -}}
+{{- $_ := set $section "rapl" $p.rapl.enabled -}}
+{{- end -}}
+{{- $_ := set $plugins $name $section -}}
+{{- end -}}
+{{- end -}}
+{{- with $plugins }}{{ $_ := set $out "plugins" . }}{{ end -}}
 {{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
 {{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $p.config) -}}

@@ -92,6 +92,28 @@ it, so they must not contain `"` or `\`.
 {{- end }}
 {{- end }}
 
+{{/* The pusher: its node's name in its sensor prefix, MQTT credentials, REST token. */}}
+{{- define "kelvin.pusherEnv" -}}
+{{- $auth := .Values.auth }}
+{{- $pub := .Values.mqtt.publisherAuth }}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- with .Values.pusher.prefix }}
+- name: KELVIN_PUSHER_PREFIX
+  value: {{ . | quote }}
+{{- end }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_TOKEN" "existing" $auth.existingSecret "key" $auth.pusherTokenKey "inline" $auth.pusherToken) }}
+{{- end }}
+
+{{- define "kelvin.allocatorEnv" -}}
+{{- $auth := .Values.auth }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_API_TOKEN" "existing" $auth.existingSecret "key" $auth.allocatorTokenKey "inline" $auth.allocatorToken) }}
+{{- end }}
+
 {{- define "kelvin.queryApiEnv" -}}
 {{- $auth := .Values.auth }}
 {{- include "kelvin.storageEnv" . }}
@@ -105,6 +127,13 @@ it, so they must not contain `"` or `\`.
 {{- if not $v.auth.existingSecret -}}
 {{- with $v.auth.queryApiToken }}{{ $_ := set $data $v.auth.queryApiTokenKey . }}{{ end -}}
 {{- with $v.auth.collectAgentToken }}{{ $_ := set $data $v.auth.collectAgentTokenKey . }}{{ end -}}
+{{- with $v.auth.allocatorToken }}{{ $_ := set $data $v.auth.allocatorTokenKey . }}{{ end -}}
+{{- with $v.auth.pusherToken }}{{ $_ := set $data $v.auth.pusherTokenKey . }}{{ end -}}
+{{- end -}}
+{{- $pub := $v.mqtt.publisherAuth -}}
+{{- if not $pub.existingSecret -}}
+{{- with $pub.username }}{{ $_ := set $data $pub.usernameKey . }}{{ end -}}
+{{- with $pub.password }}{{ $_ := set $data $pub.passwordKey . }}{{ end -}}
 {{- end -}}
 {{- $ia := $v.storage.influxdb.auth -}}
 {{- if and (eq $v.storage.backend "influxdb") (not $ia.existingSecret) -}}
