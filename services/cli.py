@@ -166,7 +166,23 @@ async def _serve(names: Sequence[str], cfg: Config) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     services = [_create(n, cfg) for n in names]
-    await run_services(services, stop)
+    await run_services(
+        services, stop, (lambda: _announce(services, cfg)) if len(names) > 1 else None
+    )
+
+
+def _announce(services: Sequence[Service], cfg: Config) -> None:
+    """Tell the user of ``kelvin up`` where to point the browser (stdout, once all are up)."""
+    ports = {s.name: getattr(s, "port", None) for s in services}
+    host = cfg.section("query_api").get("host") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    what = "demo (simulated hall, seeded job stream)" if cfg.profile == "demo" else "up"
+    lines = [
+        f"kelvin {what}: every service is running.",
+        f"  console    http://{host}:{ports.get('query-api')}/",
+    ]
+    lines += [f"  {n:<14} http://{host}:{p}/" for n, p in ports.items() if p and n != "query-api"]
+    print("\n".join([*lines, "Stop with Ctrl-C."]), flush=True)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

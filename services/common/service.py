@@ -13,7 +13,7 @@ import contextlib
 import logging
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,11 @@ class Service(ABC):
         """Flush what the service holds and release everything. Idempotent."""
 
 
-async def run_services(services: Sequence[Service], stop: asyncio.Event) -> None:
-    """Start services in order, run until ``stop`` is set or one fails, stop in reverse."""
+async def run_services(
+    services: Sequence[Service], stop: asyncio.Event, on_started: Callable[[], None] | None = None
+) -> None:
+    """Start services in order (then call ``on_started``), run until ``stop`` is set or one
+    fails, stop in reverse."""
     started: list[Service] = []
     failure: BaseException | None = None
     try:
@@ -68,6 +71,8 @@ async def run_services(services: Sequence[Service], stop: asyncio.Event) -> None
             await svc.start()
             started.append(svc)
             log.info("%s started", svc.name)
+        if on_started is not None:
+            on_started()
         stop_wait = asyncio.ensure_future(stop.wait())
         waits = [stop_wait, *(asyncio.ensure_future(_wait_failed(s)) for s in started)]
         done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

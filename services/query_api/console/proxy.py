@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 _upstream_log = RateLimitedLog(log, 30.0)
 
 UPSTREAM_TIMEOUT_S = 5.0
-ALLOWED_PATH = re.compile(r"(api/v1(/[A-Za-z0-9_.-]+)*|healthz|readyz)")
+ALLOWED_PATH = re.compile(r"(api/v1(/(?!\.\.?(/|$))[A-Za-z0-9_.-]+)*|healthz|readyz)")
+"""Forwarded paths; no '.' or '..' segment, which the client would resolve out of api/v1."""
 PASSED_HEADERS = ("content-type", "cache-control", "etag", "last-modified")
 
 
