@@ -107,7 +107,8 @@ class InfluxHttp:
         try:
             await self._request("POST", "/write", "write", params=params, content=body)
         except _TooLarge:
-            cut = body.rfind(b"\n", 0, len(body) // 2) + 1
+            mid = len(body) // 2
+            cut = body.rfind(b"\n", 0, mid) + 1 or body.find(b"\n", mid, len(body) - 1) + 1
             if cut <= 0:
                 raise PermanentStorageError(
                     f"influxdb {self.settings.url}: one line is larger than the server's "
