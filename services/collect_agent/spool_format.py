@@ -2,7 +2,7 @@
 
 A segment file is a sequence of records::
 
-    magic "KSP1" | u32 body_len | u64 seq | u32 crc32(body) | body
+    magic "KSP1" | u32 body_len | u64 seq | u32 crc32(body_len, seq, body) | body
 
 and a body is one of ``R`` (a batch of readings), ``M`` (sensor metadata as
 JSON) or ``J`` (a job record as JSON). A readings body is columnar so that
@@ -26,7 +26,8 @@ from services.common.sensors import JobRecord, SensorMetadata
 
 MAGIC = b"KSP1"
 HEADER = struct.Struct("<4sIQI")
-"""magic, body length, sequence number, crc32 of the body."""
+"""magic, body length, sequence number, crc32 of length, sequence number and body."""
+_COVERED = struct.Struct("<IQ")
 _READINGS_HEAD = struct.Struct("<III")
 
 READINGS, METADATA, JOB = ord("R"), ord("M"), ord("J")
@@ -36,8 +37,12 @@ class CorruptRecord(Exception):
     """A record fails its checksum or framing (torn write at a crash, or damage)."""
 
 
+def _crc(length: int, seq: int, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(_COVERED.pack(length, seq)))
+
+
 def frame(seq: int, body: bytes) -> bytes:
-    return HEADER.pack(MAGIC, len(body), seq, zlib.crc32(body)) + body
+    return HEADER.pack(MAGIC, len(body), seq, _crc(len(body), seq, body)) + body
 
 
 def encode_readings(batch: Batch) -> bytes:
@@ -106,7 +111,7 @@ def scan(data: bytes) -> tuple[list[tuple[int, int, int]], int]:
         body_at = pos + HEADER.size
         if magic != MAGIC or body_at + length > n:
             break
-        if zlib.crc32(memoryview(data)[body_at : body_at + length]) != crc:
+        if _crc(length, seq, memoryview(data)[body_at : body_at + length]) != crc:
             break
         out.append((seq, body_at, length))
         pos = body_at + length

@@ -411,9 +411,11 @@ def decode_publish(topic: str, payload: bytes | memoryview, received_ns: int) ->
                 ts, vs = decode_json(payload, received_ns)
                 return Decoded(batch=Batch.single(name, ts, vs))
             except PayloadError:
-                # A binary payload can start with '{' by chance; only a length
-                # DCDB cannot have makes it a JSON error.
-                if len(payload) != 8 and len(payload) % 16:
+                # A binary payload can start with '{' by chance. It is DCDB data
+                # only if its length fits and its last byte is not '}' or ']':
+                # that byte is the top byte of a timestamp (0x17-0x1f this
+                # century; ']' would be the year 2182) or of an 8-byte value.
+                if (len(payload) != 8 and len(payload) % 16) or payload[-1] in b"}]":
                     raise
         ts, vs = decode_dcdb(payload, received_ns)
         return Decoded(batch=Batch.single(name, ts, vs), raw_integers=True)

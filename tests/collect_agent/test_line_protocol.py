@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from services.collect_agent.line_protocol import LineProtocolError, parse
+from services.common import names
 
 NOW = 1_764_500_000_000_000_000
 
@@ -89,3 +92,18 @@ def test_a_line_is_all_or_nothing() -> None:
 def test_unknown_precision_is_an_error() -> None:
     with pytest.raises(LineProtocolError, match="precision 'x'"):
         parse("m v=1", "x", NOW, {}, "/influx")
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.text(alphabet=' ,=\\"\n#abcxyz0123456789.-+/iutfTFé\x00', max_size=160),
+    precision=st.sampled_from(["ns", "u", "ms", "s", "h"]),
+)
+def test_fuzz_any_body_parses_into_valid_names_or_reported_errors(
+    body: str, precision: str
+) -> None:
+    res = parse(body, precision, NOW, {}, "/influx")
+    for name in res.batch.sensors:
+        assert names.validate(name) == name
+    assert all(reason and msg for _, reason, msg in res.errors)
+    assert len(res.errors) <= res.lines

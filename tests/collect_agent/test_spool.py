@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from services.collect_agent import spool_format as fmt
 from services.collect_agent.spool import Spool
@@ -150,3 +152,25 @@ async def test_over_quota_is_reported_and_cleared_by_draining(tmp_path: Path) ->
     await drain(spool)
     assert not spool.over_quota
     await spool.close()
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(0, 30), min_size=1, max_size=5),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 10**6),
+)
+def test_fuzz_scan_stops_at_damage_and_never_returns_a_bad_record(
+    sizes: list[int], flips: list[tuple[int, int]], cut: int
+) -> None:
+    frames = [fmt.frame(i + 1, fmt.encode_readings(batch(i, n))) for i, n in enumerate(sizes)]
+    data = bytearray(b"".join(frames))
+    for pos, val in flips:
+        data[pos % len(data)] = val
+    data = data[: cut % (len(data) + 1)]
+    records, end = fmt.scan(bytes(data))
+    assert end <= len(data)
+    for seq, at, length in records:
+        body = bytes(data[at : at + length])
+        # crc32 passed: the record is intact, so it decodes to what was written
+        assert fmt.decode(body).sensors == batch(seq - 1, sizes[seq - 1]).sensors  # type: ignore[union-attr]
