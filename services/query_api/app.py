@@ -80,11 +80,14 @@ def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
         reason = _reason(exc)
         ctx.metrics.rejects.labels(reason).inc()
         _bad_input_log.warning(reason, "%s %s: %s", request.url.path, reason, exc)
+        from services.query_api.csvimport import PayloadTooLarge
+
+        status = 413 if isinstance(exc, PayloadTooLarge) else 400
         body: dict[str, object] = {"error": reason, "detail": str(exc)}
         position = getattr(exc, "position", None)
         if isinstance(position, int):
             body["position"] = position + 1  # 1-based, as the message says
-        return JSONResponse(body, status_code=400)
+        return JSONResponse(body, status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

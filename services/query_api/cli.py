@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
+from pathlib import Path
 from typing import Any
 
 from services.common.cli_util import SubParsers
+from services.common.errors import ConfigError
 from services.query_api.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, Client
 
 
-def _connection(p: argparse.ArgumentParser) -> None:
+def connection(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection")
     g.add_argument("--url", help=f"query API base URL (default ${URL_ENV} or {DEFAULT_URL})")
     g.add_argument("--token", help=f"bearer token (default ${TOKEN_ENV})")
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_of(args: argparse.Namespace) -> Client:
     return Client(args.url, args.token)
 
 
@@ -32,7 +35,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         params["interval"] = args.interval
         params["agg"] = args.agg
     out = sys.stdout.buffer
-    with _client(args) as client:
+    with client_of(args) as client:
         for chunk in client.stream("/api/v1/readings", params):
             out.write(chunk)
     out.flush()
@@ -62,5 +65,52 @@ def register(sub: SubParsers, groups: dict[str, Any]) -> None:
         choices=["avg", "min", "max", "sum", "count", "first", "last"],
         help="how --interval buckets are reduced (default avg)",
     )
-    _connection(q)
+    connection(q)
     q.set_defaults(func=_cmd_query)
+    register_csvimport(sub)
+    from services.query_api import cli_config
+
+    cli_config.register(sub, groups)
+
+
+def _cmd_csvimport(args: argparse.Namespace) -> int:
+    """Send the file in chunks of ``--chunk-lines`` rows, each with the header."""
+    total = sensors = 0
+    with client_of(args) as client, open(args.file, encoding="utf-8-sig", newline="") as fh:
+        header = fh.readline()
+        if not header.strip():
+            raise ConfigError(f"{args.file}: empty file; expected a CSV header line")
+        while True:
+            lines = list(itertools.islice(fh, args.chunk_lines))
+            if not lines:
+                break
+            body = (header + "".join(lines)).encode()
+            params = {"prefix": args.prefix} if args.prefix else {}
+            out = client.request(
+                "POST",
+                "/api/v1/import",
+                content=body,
+                params=params,
+                headers={"Content-Type": "text/csv"},
+            )
+            total += int(out["imported"])
+            sensors = max(sensors, int(out["sensors"]))
+    print(f"imported {total} readings from {args.file}", file=sys.stderr)
+    return 0
+
+
+def register_csvimport(sub: SubParsers) -> None:
+    c = sub.add_parser(
+        "csvimport",
+        help="import a CSV file into storage (DCDB's dcdbcsvimport)",
+        description="Import readings from CSV: the layout `kelvin query` prints "
+        "(Sensor,Time,Value) or one column per sensor (Time,<sensor>,...). "
+        "A bad row rejects its chunk with the line number; earlier chunks stay imported.",
+    )
+    c.add_argument("file", type=Path, help="CSV file")
+    c.add_argument("--prefix", help="put every sensor under this prefix, e.g. /site2")
+    c.add_argument(
+        "--chunk-lines", type=int, default=200_000, help="rows per request (default 200000)"
+    )
+    connection(c)
+    c.set_defaults(func=_cmd_csvimport)

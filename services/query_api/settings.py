@@ -35,6 +35,8 @@ class Settings(SectionSettings):
     """Readings per chunk when streaming a response (memory per request stays bounded)."""
     max_points: int = Field(50_000_000, ge=1)
     """Largest number of readings (or virtual grid points) one request may produce."""
+    import_max_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    """Largest CSV body ``POST /api/v1/import`` accepts (``kelvin csvimport`` sends chunks)."""
     virtual_gap_factor: float = Field(3.0, ge=1.0)
     """A virtual sensor interpolates across a gap in an input only if the gap is at most
     this many of the input's own intervals (unless its definition sets ``max_gap_ms``)."""

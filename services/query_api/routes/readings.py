@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from services.query_api import encode
+from services.common import names
+from services.query_api import csvimport, encode
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
+from services.query_api.csvimport import CsvError, PayloadTooLarge
 from services.query_api.query import QueryError, Result
 from services.query_api.routes.common import auth, interval, time_range
 
@@ -25,7 +27,7 @@ TIME_DOC = (
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, _ = auth(ctx)
+    read, write = auth(ctx)
     r = APIRouter(prefix="/api/v1", tags=["readings"])
 
     @r.get(
@@ -86,5 +88,45 @@ def router(ctx: ApiContext) -> APIRouter:
             return StreamingResponse(body, media_type="application/json")
         body = encode.csv_body(results, chunk, iso=time_format == "iso")
         return StreamingResponse(body, media_type="text/csv; charset=utf-8")
+
+    @r.post(
+        "/import",
+        dependencies=[write],
+        summary="Import readings from CSV (long `Sensor,Time,Value` or wide `Time,<sensor>,...`)",
+        openapi_extra={
+            "requestBody": {
+                "content": {"text/csv": {"schema": {"type": "string"}}},
+                "required": True,
+            }
+        },
+        responses={
+            400: {"description": "a bad row (line number in the detail); nothing was written"},
+            413: {"description": "body larger than import_max_bytes"},
+        },
+    )
+    async def import_csv(
+        request: Request,
+        prefix: Annotated[
+            str | None, Query(description="Put every sensor under this prefix, e.g. /site2")
+        ] = None,
+    ) -> dict[str, int]:
+        ctx.metrics.requests.labels("import").inc()
+        body = bytearray()
+        async for part in request.stream():
+            body.extend(part)
+            if len(body) > ctx.settings.import_max_bytes:
+                raise PayloadTooLarge(
+                    f"CSV body larger than import_max_bytes ({ctx.settings.import_max_bytes}); "
+                    "split it (kelvin csvimport does)"
+                )
+        try:
+            text = body.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise CsvError(f"the CSV is not UTF-8 (byte {exc.start})") from None
+        if prefix:
+            names.validate_prefix(prefix)
+        batch = csvimport.parse(text, prefix)
+        await ctx.storage.write(batch)
+        return {"imported": len(batch), "sensors": len(set(batch.sensors))}
 
     return r
