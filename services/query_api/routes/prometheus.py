@@ -116,6 +116,33 @@ def fmt_time(ns: int) -> float | int:
     return ms // 1000 if ms % 1000 == 0 else ms / 1000
 
 
+_PARAM_DOCS = {
+    "query": "PromQL expression (the subset in docs/query-api.md)",
+    "time": "evaluation time: unix seconds or RFC 3339 (default now)",
+    "start": "range start: unix seconds or RFC 3339",
+    "end": "range end: unix seconds or RFC 3339",
+    "step": "resolution: seconds or a duration such as 15s",
+    "match[]": "series selector, repeatable",
+}
+
+
+def _doc(*names_: str) -> dict[str, Any]:
+    """OpenAPI parameters for a route that reads them itself (GET query or POST form)."""
+    params = [
+        {
+            "name": n,
+            "in": "query",
+            "required": False,
+            "schema": {"type": "array", "items": {"type": "string"}}
+            if n == "match[]"
+            else {"type": "string"},
+            "description": _PARAM_DOCS[n],
+        }
+        for n in names_
+    ]
+    return {"parameters": params}
+
+
 def router(ctx: ApiContext) -> APIRouter:
     read, _ = auth(ctx)
     r = APIRouter(prefix="/prometheus/api/v1", tags=["prometheus"], dependencies=[read])
@@ -144,7 +171,13 @@ def router(ctx: ApiContext) -> APIRouter:
         )
         return expr, await ev.eval(expr)
 
-    @r.api_route("/query", methods=["GET", "POST"], summary="Instant query (PromQL subset)")
+    @r.get(
+        "/query",
+        summary="Instant query (PromQL subset)",
+        operation_id="prometheus_query_get",
+        openapi_extra=_doc("query", "time"),
+    )
+    @r.post("/query", summary="Instant query (PromQL subset)", operation_id="prometheus_query_post")
     async def query(request: Request) -> Response:
         ctx.metrics.requests.labels("prometheus_query").inc()
 
@@ -177,7 +210,17 @@ def router(ctx: ApiContext) -> APIRouter:
 
         return await guarded(request, run)
 
-    @r.api_route("/query_range", methods=["GET", "POST"], summary="Range query (PromQL subset)")
+    @r.get(
+        "/query_range",
+        summary="Range query (PromQL subset)",
+        operation_id="prometheus_query_range_get",
+        openapi_extra=_doc("query", "start", "end", "step"),
+    )
+    @r.post(
+        "/query_range",
+        summary="Range query (PromQL subset)",
+        operation_id="prometheus_query_range_post",
+    )
     async def query_range(request: Request) -> Response:
         ctx.metrics.requests.labels("prometheus_query_range").inc()
 
@@ -236,7 +279,13 @@ def router(ctx: ApiContext) -> APIRouter:
                     out[s] = lab
         return [out[k] for k in sorted(out)]
 
-    @r.api_route("/series", methods=["GET", "POST"], summary="Series matching selectors")
+    @r.get(
+        "/series",
+        summary="Series matching selectors",
+        operation_id="prometheus_series_get",
+        openapi_extra=_doc("match[]", "start", "end"),
+    )
+    @r.post("/series", summary="Series matching selectors", operation_id="prometheus_series_post")
     async def series(request: Request) -> Response:
         ctx.metrics.requests.labels("prometheus_series").inc()
 
@@ -247,7 +296,13 @@ def router(ctx: ApiContext) -> APIRouter:
 
         return await guarded(request, run)
 
-    @r.api_route("/labels", methods=["GET", "POST"], summary="Label names")
+    @r.get(
+        "/labels",
+        summary="Label names",
+        operation_id="prometheus_labels_get",
+        openapi_extra=_doc("match[]"),
+    )
+    @r.post("/labels", summary="Label names", operation_id="prometheus_labels_post")
     async def labels(request: Request) -> Response:
         ctx.metrics.requests.labels("prometheus_labels").inc()
 
@@ -294,7 +349,15 @@ def router(ctx: ApiContext) -> APIRouter:
                 out[name].append(entry)
         return _ok(out)
 
-    @r.api_route("/query_exemplars", methods=["GET", "POST"], summary="Exemplars (none)")
+    @r.get(
+        "/query_exemplars",
+        summary="Exemplars (none)",
+        operation_id="prometheus_exemplars_get",
+        openapi_extra=_doc(),
+    )
+    @r.post(
+        "/query_exemplars", summary="Exemplars (none)", operation_id="prometheus_exemplars_post"
+    )
     async def exemplars() -> Response:
         return _ok([])
 
