@@ -239,6 +239,7 @@ class CollectAgent(HttpService):
             },
             "backpressure": self.ingestor.paused,
             "connections": len(self.mqtt.conns) if self.mqtt else 0,
+            "broker_connected": self.subscriber.connected if self.subscriber else None,
             "rejected": dict(sorted(self.ingestor.rejected.items())),
             "cached_sensors": len(self.cache) if self.cache is not None else 0,
         }
