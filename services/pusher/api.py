@@ -29,6 +29,7 @@ class PluginStatus(BaseModel):
     error: str | None
     groups: int
     sensors: int
+    notes: list[str] = []
     group_status: list[dict[str, Any]] | None = None
 
 

@@ -111,6 +111,7 @@ class PusherService(HttpService):
             state_dir=self.settings.state_dir,
             allocator_url=self.settings.allocator_url,
             config_dir=self.config.path.parent if self.config.path else None,
+            count_error=lambda reason: self.metrics.plugin_errors.labels(instance, reason).inc(),
         )
 
     def readiness(self) -> tuple[bool, str]:

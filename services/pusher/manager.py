@@ -59,6 +59,7 @@ class Instance:
             "error": self.error,
             "groups": len(self.runners),
             "sensors": sum(r.route.n for r in self.runners),
+            "notes": list(self.plugin.notes) if self.plugin is not None else [],
         }
         if detail:
             out["group_status"] = [r.status() for r in self.runners]

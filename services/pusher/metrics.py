@@ -35,5 +35,10 @@ class PusherMetrics:
         self.connect_errors = m.counter(
             "broker_errors_total", "Failed connects and lost connections", ["broker"]
         )
+        self.plugin_errors = m.counter(
+            "plugin_errors_total",
+            "Problems a plugin absorbed (e.g. allocator unreachable: last placement kept)",
+            ["plugin", "reason"],
+        )
         self.plugins = m.gauge("plugins_running", "Plugin instances sampling")
         self.sensors = m.gauge("sensors", "Sensors of loaded plugins")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -196,6 +197,8 @@ class PluginContext:
     allocator_url: str
     config_dir: Path | None = None
     """Directory of the configuration file, for relative paths in plugin sections."""
+    count_error: Callable[[str], None] = field(default=lambda reason: None)
+    """Count a problem the plugin absorbs itself (``kelvin_pusher_plugin_errors_total``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def path(self, p: str | Path) -> Path:
@@ -216,6 +219,8 @@ class Plugin(ABC):
         self.config = config
         self.context = context
         self.entities: list[Entity] = []
+        self.notes: list[str] = []
+        """What an operator should know (skipped hosts, unsupported events, no GPU)."""
         self._sensor_opts: dict[int, tuple[GroupOptions, SensorOptions]] = {}
 
     def group_options(self, **overrides: Any) -> GroupOptions:

@@ -1,7 +1,7 @@
 """``ipmi``: BMC sensors per host (one entity per BMC), through ``ipmitool`` or pyghmi.
 
 With ``ipmitool`` (default) every read runs ``ipmitool [-I lanplus -H host -U
-user -E] sensor`` as an asyncio subprocess, killed when the read times out;
+user -E] sensor`` as an asyncio subprocess (:mod:`.text`), killed when the read times out;
 the password goes through the environment (``-E``), never the command line.
 With ``pyghmi`` (pure Python, RMCP+) reads run in the group's worker thread.
 Threshold sensors become ``<prefix>/<host name>/<sensor>`` with their unit
@@ -13,11 +13,8 @@ a host that does not answer then is skipped and named in the plugin's status.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import re
-import signal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,13 +24,13 @@ from pydantic import AliasChoices, Field
 from services.common.errors import KelvinError
 from services.common.readings import Float64Array
 from services.pusher.plugins.base import (
-    Entity,
     Group,
     GroupOptions,
     Plugin,
     PluginConfig,
     Sensor,
 )
+from services.pusher.plugins.text import ParsedGroup, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -93,57 +90,30 @@ def sensor_level(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]+", "_", name.strip()).strip("_") or "_"
 
 
-class Bmc(Entity):
-    """One BMC: how to reach it."""
+def sensor_values(text: str) -> dict[str, float]:
+    return {k: v for k, (v, _) in parse_sensor_output(text).items()}
+
+
+class Bmc(TextSource):
+    """One BMC: ``ipmitool ... sensor`` with the password in the environment."""
 
     def __init__(self, cfg: HostConfig, plugin: IpmiConfig, base: Path | None) -> None:
-        super().__init__(cfg.name)
-        self.cfg = cfg
-        self.tool = plugin.ipmitool
-        self.password = cfg.password
+        password = cfg.password
         if cfg.password_file:
             path = Path(cfg.password_file)
             path = path if path.is_absolute() or base is None else base / path
-            self.password = path.read_text().strip()
-
-    def argv(self) -> list[str]:
-        args = [self.tool]
-        if self.cfg.host:
-            args += ["-I", self.cfg.interface, "-H", self.cfg.host, "-N", "1", "-R", "1"]
-            if self.cfg.username:
-                args += ["-U", self.cfg.username]
-            if self.password is not None:
-                args += ["-E"]
-        return [*args, "sensor"]
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.password is not None:
-            env["IPMI_PASSWORD"] = self.password
-        return env
-
-    async def run(self) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env(),
-            start_new_session=True,  # so that a timeout kills whatever it started, too
-        )
-        try:
-            out, err = await proc.communicate()
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise
-        if proc.returncode != 0:
-            msg = err.decode(errors="replace").strip().splitlines()
-            raise KelvinError(
-                f"ipmitool for {self.name} exited with {proc.returncode}: "
-                f"{msg[-1] if msg else 'no message'}"
-            )
-        return out.decode(errors="replace")
+            password = path.read_text().strip()
+        argv = [plugin.ipmitool]
+        if cfg.host:
+            argv += ["-I", cfg.interface, "-H", cfg.host, "-N", "1", "-R", "1"]
+            if cfg.username:
+                argv += ["-U", cfg.username]
+            if password is not None:
+                argv += ["-E"]
+        env = {"IPMI_PASSWORD": password} if password is not None else None
+        super().__init__(cfg.name, argv=[*argv, "sensor"], env=env)
+        self.cfg = cfg
+        self.password = password
 
     def read_pyghmi(self) -> dict[str, tuple[float, str | None]]:
         from pyghmi.ipmi import command  # optional dependency, imported only when used
@@ -158,8 +128,10 @@ class Bmc(Entity):
         return out
 
 
-class IpmitoolGroup(Group):
-    """All sensors of one BMC, one ``ipmitool sensor`` per read."""
+class PyghmiGroup(Group):
+    """All sensors of one BMC through pyghmi (blocking: the group's worker thread)."""
+
+    blocking = True
 
     def __init__(
         self, name: str, sensors: list[Sensor], options: GroupOptions, bmc: Bmc, keys: list[str]
@@ -168,23 +140,10 @@ class IpmitoolGroup(Group):
         self.bmc = bmc
         self.keys = keys
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
-        return self._values(parse_sensor_output(await self.bmc.run()))
-
-    def _values(self, found: dict[str, tuple[float, str | None]]) -> Float64Array:
-        nan = float("nan")
-        return np.array([found.get(k, (nan, None))[0] for k in self.keys], dtype=np.float64)
-
-
-class PyghmiGroup(IpmitoolGroup):
-    blocking = True
-
     def read(self, timestamp_ns: int) -> Float64Array:
-        return self._values(self.bmc.read_pyghmi())
-
-    @property
-    def is_async(self) -> bool:
-        return False
+        found = self.bmc.read_pyghmi()
+        nan = (float("nan"), None)
+        return np.array([found.get(k, nan)[0] for k in self.keys], dtype=np.float64)
 
 
 class IpmiPlugin(Plugin):
@@ -196,7 +155,6 @@ class IpmiPlugin(Plugin):
     async def build(self) -> list[Group]:
         cfg = self.config
         assert isinstance(cfg, IpmiConfig)
-        self.skipped: list[str] = []
         groups: list[Group] = []
         for h in cfg.hosts:
             bmc = Bmc(h, cfg, self.context.config_dir)
@@ -212,7 +170,7 @@ class IpmiPlugin(Plugin):
             except (KelvinError, OSError, TimeoutError) as exc:
                 if h.sensors is None:
                     reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
-                    self.skipped.append(f"{h.name}: {reason}")
+                    self.notes.append(f"host {h.name} skipped: {reason}")
                     log.warning(
                         "ipmi %s: host %s skipped: %s", self.context.instance, h.name, reason
                     )
@@ -223,15 +181,17 @@ class IpmiPlugin(Plugin):
                 self.sensor(f"{h.name}/{sensor_level(k)}", opts, found.get(k, (0.0, None))[1])
                 for k in keys
             ]
-            cls = PyghmiGroup if cfg.backend == "pyghmi" else IpmitoolGroup
-            groups.append(cls(h.name, sensors, opts, bmc, keys))
+            if cfg.backend == "pyghmi":
+                groups.append(PyghmiGroup(h.name, sensors, opts, bmc, keys))
+            else:
+                groups.append(ParsedGroup(h.name, sensors, opts, bmc, sensor_values, keys))
         if not groups:
             raise KelvinError(
-                f"ipmi plugin {self.context.instance!r}: no BMC answered ({'; '.join(self.skipped)})"
+                f"ipmi plugin {self.context.instance!r}: no BMC answered ({'; '.join(self.notes)})"
             )
         return groups
 
     async def _probe(self, bmc: Bmc, cfg: IpmiConfig) -> dict[str, tuple[float, str | None]]:
         if cfg.backend == "pyghmi":
             return await asyncio.to_thread(bmc.read_pyghmi)
-        return parse_sensor_output(await bmc.run())
+        return parse_sensor_output(await bmc.text())

@@ -188,6 +188,7 @@ class PerfeventPlugin(Plugin):
                 os.close(fd)
             raise
         if self.unsupported:
+            self.notes.append("not supported here, skipped: " + "; ".join(self.unsupported))
             log.warning(
                 "perfevent %s: not supported on this machine, skipped: %s",
                 self.context.instance,

@@ -62,7 +62,10 @@ async def test_unreachable_host_is_skipped_and_named(ipmi_log: Path) -> None:
     }
     plugin, groups = await build_plugin("ipmi", section)
     assert [g.name for g in groups] == ["up"]
-    assert "down: ipmitool for down exited with 1" in plugin.skipped[0]  # type: ignore[attr-defined]
+    assert plugin.notes == [
+        "host down skipped: fake-ipmitool exited with 1: "
+        "Error: Unable to establish IPMI v2 / RMCP+ session"
+    ]
     with pytest.raises(KelvinError, match="no BMC answered"):
         await build_plugin(
             "ipmi", {"ipmitool": FAKE, "hosts": [{"name": "d", "host": "unreachable"}]}

@@ -1,0 +1,191 @@
+"""``datacenter``: a simulated hall measured as if it were real.
+
+On every read the plugin asks the allocator for the current placement
+(``GET {allocator_url}/api/v1/hall``), takes each node's power (``power_w``
+when the allocator reports one, the phase-dependent power of its job; else
+busy -> the hall's busy power, idle -> idle power), computes the inlet
+temperatures with the hall's thermal model (:mod:`services.common.thermal`,
+``Tin = Tsup + D·P``), adds Gaussian sensor noise and publishes:
+
+* ``/hall/row<r>/rack<k>/node<s>/power`` (W) and ``.../inlet_temp`` (°C) per node,
+  the names :func:`services.common.thermal.node_sensor` defines (the allocator's
+  calibration reads them);
+* ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the model's CRAC
+  power at the raised supply temperature) and ``/hall/supply_temp`` (°C, the
+  supply the inlet temperatures are computed with) with ``totals: true``.
+
+The hall is the reference hall or a hall file (``hall_file``), i.e. the "true"
+physics; the allocator may hold a calibrated model of it. When the allocator
+cannot be reached, or answers with a different hall, the last known placement
+is kept (all idle at first), the error is counted
+(``kelvin_pusher_plugin_errors_total{plugin, reason}``) and noted in the status.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from services.common.errors import ConfigError, KelvinError
+from services.common.logs import RateLimitedLog
+from services.common.readings import Float64Array
+from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+
+log = logging.getLogger(__name__)
+_rlog = RateLimitedLog(log, period_s=60)
+
+
+class DatacenterConfig(PluginConfig):
+    hall_file: str | None = None
+    """Hall file (YAML/JSON + matrix, see services/common/halls/hallfile.py); None = reference."""
+    allocator_url: str | None = None
+    """Allocator base URL (default: the pusher's ``allocator_url``)."""
+    noise_power_w: float = Field(10.0, ge=0)
+    """Standard deviation of the power sensors' noise (W)."""
+    noise_temp_c: float = Field(0.1, ge=0)
+    """Standard deviation of the inlet sensors' noise (°C)."""
+    seed: int | None = None
+    """Noise seed (None = a fresh one per start)."""
+    totals: bool = True
+
+
+def placement_powers(hall: Hall, doc: Any) -> tuple[Float64Array, np.ndarray]:
+    """(node powers in W, present mask) from the allocator's ``/api/v1/hall`` document."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise KelvinError("allocator hall document has no 'nodes' list")
+    nodes = doc["nodes"]
+    n = hall.n_nodes
+    if len(nodes) != n:
+        raise KelvinError(
+            f"allocator hall {doc.get('name')!r} has {len(nodes)} nodes; "
+            f"this plugin simulates {hall.name!r} with {n}"
+        )
+    power = np.full(n, np.nan)
+    busy = np.zeros(n, dtype=bool)
+    present = np.ones(n, dtype=bool) if hall.present is None else hall.present.copy()
+    for node in nodes:
+        try:
+            i = int(node["index"])
+            if not 0 <= i < n:
+                raise KelvinError(f"allocator node index {i} outside 0..{n - 1}")
+            busy[i] = bool(node.get("busy", False))
+            if node.get("power_w") is not None:
+                power[i] = float(node["power_w"])
+            if node.get("present") is False:
+                present[i] = False
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KelvinError(f"allocator hall document: bad node entry {node!r}") from exc
+    powers = np.where(np.isnan(power), hall.powers_w(busy), power)
+    return np.where(present, powers, 0.0), present
+
+
+class HallGroup(Group):
+    """Every node's power and inlet temperature, plus the hall totals."""
+
+    def __init__(
+        self,
+        name: str,
+        sensors: list[Sensor],
+        options: GroupOptions,
+        plugin: DatacenterPlugin,
+    ) -> None:
+        super().__init__(name, sensors, options)
+        self.p = plugin
+
+    async def read_async(self, timestamp_ns: int) -> Float64Array:
+        p = self.p
+        try:
+            r = await p.client.get(p.url)
+            if r.status_code != 200:
+                raise KelvinError(f"{p.url} answered HTTP {r.status_code}")
+            p.powers, p.present = placement_powers(p.hall, r.json())
+            p.notes[:] = [n for n in p.notes if not n.startswith("allocator")]
+        except Exception as exc:  # any failure: keep the last placement, count it
+            reason = "hall_mismatch" if "simulates" in str(exc) else "allocator_unreachable"
+            p.context.count_error(reason)
+            msg = f"allocator: {type(exc).__name__}: {exc}; using the last known placement"
+            p.notes[:] = [n for n in p.notes if not n.startswith("allocator")] + [msg]
+            _rlog.warning(
+                f"datacenter:{p.context.instance}", "datacenter %s: %s", p.context.instance, msg
+            )
+        return p.measure()
+
+
+class DatacenterPlugin(Plugin):
+    """The simulated hall."""
+
+    Config = DatacenterConfig
+    description = "simulated hall: node power and inlet temperature for the allocator's placement"
+
+    async def build(self) -> list[Group]:
+        import httpx  # only the simulated hall needs an HTTP client in the pusher
+
+        cfg = self.config
+        assert isinstance(cfg, DatacenterConfig)
+        if cfg.hall_file:
+            from services.common.halls.hallfile import load_hall
+
+            self.hall = load_hall(self.context.path(cfg.hall_file))
+        else:
+            self.hall = reference_hall()
+        hall = self.hall
+        base = (cfg.allocator_url or self.context.allocator_url).rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"datacenter plugin {self.context.instance!r}: allocator_url {base!r} "
+                "must start with http:// or https://"
+            )
+        self.url = base + "/api/v1/hall"
+        opts = self.group_options()
+        self.client: Any = httpx.AsyncClient(
+            timeout=0.8 * (opts.timeout_ms or opts.interval_ms) / 1000
+        )
+        self.rng = np.random.default_rng(cfg.seed)
+        self.powers = hall.powers_w(np.zeros(hall.n_nodes))
+        self.present = np.ones(hall.n_nodes, bool) if hall.present is None else hall.present
+        prefix = cfg.prefix or HALL_SENSOR_PREFIX
+        sopts = self.sensor_options(opts)
+        sensors = [
+            Sensor(node_sensor(hall, i, "power", prefix), sopts, "W", integrable=True)
+            for i in range(hall.n_nodes)
+        ]
+        sensors += [
+            Sensor(node_sensor(hall, i, "inlet_temp", prefix), sopts, "°C")
+            for i in range(hall.n_nodes)
+        ]
+        if cfg.totals:
+            sensors += [
+                Sensor(f"{prefix}/power", sopts, "W", integrable=True),
+                Sensor(f"{prefix}/cooling_power", sopts, "W", integrable=True),
+                Sensor(f"{prefix}/supply_temp", sopts, "°C"),
+            ]
+        return [HallGroup("hall", sensors, opts, self)]
+
+    def measure(self) -> Float64Array:
+        """One noisy measurement of the hall for the current powers."""
+        cfg = self.config
+        assert isinstance(cfg, DatacenterConfig)
+        hall, n = self.hall, self.hall.n_nodes
+        inlet = hall.inlet_c(self.powers)
+        power = self.powers
+        if cfg.noise_power_w:
+            power = np.maximum(power + self.rng.normal(0.0, cfg.noise_power_w, n), 0.0)
+        if cfg.noise_temp_c:
+            inlet = inlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
+        absent = ~self.present
+        parts = [np.where(absent, np.nan, power), np.where(absent, np.nan, inlet)]
+        if cfg.totals:
+            totals = [float(self.powers.sum()), hall.cooling_power_w(self.powers), hall.supply_c]
+            parts.append(np.array(totals))
+        return np.concatenate(parts)
+
+    async def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.aclose()
+            self.client = None
+        await super().close()
