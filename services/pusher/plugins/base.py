@@ -70,12 +70,17 @@ class SensorOptions(BaseModel):
     metadata: MetadataConfig | None = None
 
 
+def interval_field(default_ms: int) -> Any:
+    """The ``interval`` key (ms; DCDB's name, or ``interval_ms``) with a plugin's default."""
+    return Field(
+        default_ms, ge=1, validation_alias=AliasChoices("interval_ms", "interval", "intervalMs")
+    )
+
+
 class GroupOptions(SensorOptions):
     """DCDB group options: the schedule and queue of sensors read together."""
 
-    interval_ms: int = Field(
-        1000, ge=1, validation_alias=AliasChoices("interval_ms", "interval", "intervalMs")
-    )
+    interval_ms: int = interval_field(1000)
     """Sampling interval (ms)."""
     sync: bool = True
     """Sample at multiples of ``interval_ms`` since the epoch (identical on every node)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import AliasChoices, Field
+from pydantic import Field
 
 from services.common.errors import KelvinError
 from services.common.readings import Float64Array
@@ -29,6 +29,7 @@ from services.pusher.plugins.base import (
     Plugin,
     PluginConfig,
     Sensor,
+    interval_field,
 )
 from services.pusher.plugins.text import ParsedGroup, TextSource
 
@@ -64,9 +65,7 @@ class IpmiConfig(PluginConfig):
     backend: Literal["ipmitool", "pyghmi"] = "ipmitool"
     ipmitool: str = "ipmitool"
     """ipmitool binary."""
-    interval_ms: int = Field(
-        10_000, ge=1, validation_alias=AliasChoices("interval_ms", "interval", "intervalMs")
-    )
+    interval_ms: int = interval_field(10_000)
     timeout_ms: int | None = Field(5_000, ge=1)
     hosts: list[HostConfig] = Field(min_length=1)
 
