@@ -7,7 +7,10 @@ HTTP API). The path ``/`` is left to the web console.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +34,8 @@ from services.query_api import console
 from services.query_api.context import ApiContext
 from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
+from services.query_api.virtual.define import VirtualIn
+from services.query_api.virtual.engine import Engine
 
 log = logging.getLogger(__name__)
 _bad_input_log = RateLimitedLog(log, 10.0)
@@ -128,11 +133,27 @@ def create_app(
     return app
 
 
+DEMO_VIRTUAL_SENSORS = {
+    "/hall/pue": {
+        "expression": '("/hall/power" + "/hall/cooling_power") / "/hall/power"',
+        "description": "Power usage effectiveness of the simulated hall",
+    }
+}
+"""Defined at start under ``kelvin up --demo`` (the Kelvin — PUE dashboard charts it)."""
+
+
 class QueryApiService(HttpService):
     """Opens storage before serving; closes it after the HTTP server stopped."""
 
-    def __init__(self, settings: Settings, storage_settings: StorageSettings) -> None:
+    def __init__(
+        self, settings: Settings, storage_settings: StorageSettings, profile: str = "run"
+    ) -> None:
         self.settings = settings
+        self.wanted_virtual = dict(settings.virtual_sensors)
+        if profile == "demo":
+            self.wanted_virtual = {**DEMO_VIRTUAL_SENSORS, **self.wanted_virtual}
+        self.definer: asyncio.Task[None] | None = None
+        """Defines ``virtual_sensors`` (and the demo's); done once all of them exist."""
         self.storage_settings = storage_settings
         self.metrics = ServiceMetrics("query_api")
         self.ctx = ApiContext(settings, self.metrics)
@@ -149,8 +170,36 @@ class QueryApiService(HttpService):
         self.storage = await open_storage(self.storage_settings)
         self.ctx.attach(self.storage)
         self.metrics.up.set(1)
+        if self.wanted_virtual:
+            self.definer = asyncio.create_task(self._define_configured(), name="virtual-definer")
+
+    async def _define_configured(self) -> None:
+        """Define configured virtual sensors, retrying those whose inputs do not exist yet."""
+        pending = dict(self.wanted_virtual)
+        while pending:
+            engine = self.ctx.virtual
+            assert isinstance(engine, Engine)
+            for name, body in list(pending.items()):
+                try:
+                    spec = VirtualIn(**body)
+                    old = await self.ctx.catalog.virtual(name)
+                    if old is None or _differs(old, spec):
+                        await engine.put(name, spec)
+                        log.info("virtual sensor %s defined from the configuration", name)
+                    del pending[name]
+                except (KelvinError, ValueError) as exc:
+                    _bad_input_log.warning(
+                        "virtual_sensors", "virtual sensor %s not defined yet: %s", name, exc
+                    )
+            if pending:
+                await asyncio.sleep(self.settings.virtual_retry_s)
 
     async def close(self) -> None:
+        if self.definer is not None:
+            self.definer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.definer
+            self.definer = None
         self.metrics.up.set(0)
         self.ctx.detach()
         if self.storage is not None:
@@ -158,5 +207,17 @@ class QueryApiService(HttpService):
             self.storage = None
 
 
+def _differs(old: dict[str, Any], spec: VirtualIn) -> bool:
+    """Whether a stored definition differs from the configured one (then it is replaced)."""
+    if spec.interval_ms and old.get("interval_ms") != spec.interval_ms:
+        return True
+    return (
+        old.get("expression") != spec.expression
+        or old.get("declared_unit") != spec.unit
+        or old.get("max_gap_ms") != spec.max_gap_ms
+        or old.get("description", "") != spec.description
+    )
+
+
 def create_service(config: Config) -> QueryApiService:
-    return QueryApiService(config.load(Settings), config.load(StorageSettings))
+    return QueryApiService(config.load(Settings), config.load(StorageSettings), config.profile)

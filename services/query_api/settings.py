@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -45,6 +45,12 @@ class Settings(SectionSettings):
     their inputs are probably still arriving."""
     virtual_max_depth: int = Field(8, ge=1)
     """Deepest nesting of virtual sensors on other virtual sensors."""
+    virtual_sensors: dict[str, dict[str, Any]] = {}
+    """Virtual sensors to define at start, name -> ``{expression, unit, interval_ms,
+    max_gap_ms, description}``; retried every ``virtual_retry_s`` until their inputs exist.
+    ``kelvin up --demo`` adds ``/hall/pue`` unless this names it."""
+    virtual_retry_s: float = Field(10.0, gt=0)
+    """How often configured virtual sensors whose inputs are missing are tried again."""
     prometheus_lookback_s: float = Field(300.0, gt=0)
     """Prometheus API: how far back an instant query looks for the latest reading."""
     prometheus_max_series: int = Field(10_000, ge=1)

@@ -1,0 +1,146 @@
+"""The Grafana dashboards in charts/kelvin/dashboards/ work against a real query API.
+
+Every panel query on the Kelvin data source is sent, with Grafana's variables
+filled in, to Kelvin's Prometheus API over a small simulated hall and must
+return data; every panel on the Prometheus data source names metrics that
+Kelvin's services really export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from services.collect_agent.metrics import AgentMetrics
+from services.common import times
+from services.common.metrics import ServiceMetrics
+from services.common.readings import Batch
+from services.common.sensors import SensorMetadata
+from services.pusher.metrics import PusherMetrics
+from services.query_api.app import create_service
+from services.query_api.context import ApiMetrics
+from tests.query_api.conftest import Api, make_config
+
+DASHBOARDS = sorted(
+    (Path(__file__).resolve().parents[2] / "charts/kelvin/dashboards").glob("*.json")
+)
+VARIABLES = {"$row": ".*", "$rack": ".*", "$__range": "1h"}
+
+
+def targets(kind: str) -> list[tuple[str, dict[str, Any], str]]:
+    out = []
+    for path in DASHBOARDS:
+        for p in json.loads(path.read_text())["panels"]:
+            for t in p["targets"]:
+                if p["datasource"]["uid"] == "${" + kind + "}":
+                    out.append((path.stem, t, p["title"]))
+    return out
+
+
+def fill(expr: str) -> str:
+    for k, v in VARIABLES.items():
+        expr = expr.replace(k, v)
+    return expr
+
+
+@pytest.fixture
+async def hall(tmp_path: Path) -> AsyncIterator[Api]:
+    """A query API over the simulated hall's sensor names, started under ``--demo``."""
+    cfg = make_config(tmp_path, virtual_retry_s=0.05)
+    cfg.profile = "demo"
+    svc = create_service(cfg)
+    await svc.start()
+    try:
+        now = times.now_ns() // 10**9 * 10**9
+        ts = now - np.arange(600, 0, -10, dtype=np.int64) * 10**9
+        st = svc.storage
+        assert st is not None
+        sensors: dict[str, tuple[float, str]] = {}
+        for r in range(2):
+            for k in range(2):
+                for s in range(2):
+                    base = f"/hall/row{r}/rack{k}/node{s}"
+                    sensors[f"{base}/power"] = (200 + 50 * s, "W")
+                    sensors[f"{base}/inlet_temp"] = (22 + r + k / 2, "degC")
+        sensors |= {
+            "/hall/power": (1800.0, "W"),
+            "/hall/cooling_power": (450.0, "W"),
+            "/hall/supply_temp": (18.0, "degC"),
+        }
+        for q, v, u in [("max_tin_c", 25.0, "celsius"), ("supply_c", 18.0, "celsius"), ("cop", 4.0, ""),
+                        ("computing_kw", 1.8, "kW"), ("cooling_kw", 0.45, "kW"), ("utilization", 0.5, "")]:  # fmt: skip
+            sensors[f"/kelvin/allocator/{q}"] = (v, u)
+        for name, (v, unit) in sensors.items():
+            await st.write(Batch.single(name, ts, v + np.sin(np.arange(ts.size))))
+            await st.put_metadata(SensorMetadata(name=name, unit=unit))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+            assert svc.definer is not None  # the demo profile defines /hall/pue ...
+            await asyncio.wait_for(svc.definer, 30)  # ... once its inputs exist
+            assert (await c.get("/api/v1/virtual/hall/pue")).status_code == 200
+            yield Api(svc, c)
+    finally:
+        await svc.stop()
+
+
+def test_dashboards_are_complete() -> None:
+    titles = {json.loads(p.read_text())["title"] for p in DASHBOARDS}
+    assert len(DASHBOARDS) == 5 and len(titles) == 5
+    for path in DASHBOARDS:
+        d = json.loads(path.read_text())
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids)) and d["uid"] == path.stem
+        for p in d["panels"]:
+            assert p["targets"] and p["datasource"]["uid"] in ("${kelvin}", "${prometheus}"), p[
+                "title"
+            ]
+
+
+async def test_kelvin_panels_return_data(hall: Api) -> None:
+    panels = targets("kelvin")
+    assert len(panels) > 15
+    now = times.now_ns() / 1e9
+    for board, target, title in panels:
+        expr = fill(target["expr"])
+        if target.get("instant"):
+            r = await hall.client.get("/prometheus/api/v1/query", params={"query": expr})
+        else:
+            params = {"query": expr, "start": str(now - 600), "end": str(now), "step": "30"}
+            r = await hall.client.get("/prometheus/api/v1/query_range", params=params)
+        body = r.json()
+        assert r.status_code == 200 and body["status"] == "success", (board, title, expr, body)
+        assert body["data"]["result"], (board, title, expr)
+
+
+async def test_variable_queries_list_values(hall: Api) -> None:
+    for path in DASHBOARDS:
+        for var in json.loads(path.read_text())["templating"]["list"]:
+            if var["type"] != "query":
+                continue
+            m = re.fullmatch(r"label_values\((.*), (\w+)\)", fill(var["query"]["query"]))
+            assert m, var
+            r = await hall.client.get(
+                f"/prometheus/api/v1/label/{m.group(2)}/values", params={"match[]": m.group(1)}
+            )
+            assert r.json()["data"], (path.stem, var["name"])
+
+
+def test_prometheus_panels_name_exported_metrics() -> None:
+    pusher, query_api = ServiceMetrics("pusher"), ServiceMetrics("query_api")
+    PusherMetrics(pusher)
+    ApiMetrics(query_api)
+    families = set()
+    for reg in [AgentMetrics().service, pusher, query_api]:
+        for fam in reg.registry.collect():
+            suffix = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+            families.update(fam.name + x for x in suffix.get(fam.type, [""]))
+    for board, target, title in targets("prometheus"):
+        for metric in re.findall(r"kelvin_[a-z_]+", target["expr"]):
+            assert metric in families, (board, title, metric)
