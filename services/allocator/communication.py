@@ -47,6 +47,23 @@ def distance_matrix(
     return np.asarray(diff @ weights, dtype=np.float64)
 
 
+def distance_sums(
+    points: npt.NDArray[np.int64], others: npt.NDArray[np.int64], weights: Float64Array
+) -> Float64Array:
+    """Σ over ``others`` of dist(p, o) for every point p, in O((n + m) log m) per axis."""
+    total = np.zeros(points.shape[0])
+    m = others.shape[0]
+    for axis in range(points.shape[1]):
+        v = np.sort(others[:, axis]).astype(np.float64)
+        prefix = np.r_[0.0, np.cumsum(v)]
+        x = points[:, axis].astype(np.float64)
+        k = np.searchsorted(v, x, side="right")
+        below = x * k - prefix[k]
+        above = (prefix[m] - prefix[k]) - x * (m - k)
+        total += weights[axis] * (below + above)
+    return total
+
+
 def latency_factor(cc: float, cc_min: float) -> float:
     """Lf = CC / CC_min (1 for one-node jobs, never below 1)."""
     if cc_min <= 0.0:

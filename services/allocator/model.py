@@ -96,6 +96,15 @@ class HallModel:
         return sp.csc_matrix(self.d_rows)
 
     @cached_property
+    def d_csr(self) -> sp.csr_matrix:
+        """All of D, sparse: recirculation is local, so Tin costs O(nnz) not O(N²)."""
+        return sp.csr_matrix(self.hall.d_matrix)
+
+    def inlet_c(self, powers_w: Float64Array) -> Float64Array:
+        """Tin = Tsup + D · P (every node, present or not)."""
+        return np.asarray(self.hall.supply_c + self.d_csr @ powers_w, dtype=np.float64)
+
+    @cached_property
     def shells(self) -> npt.NDArray[np.int32]:
         """MC1x1 shell index between nodes: max(|Δrack|, |Δslot|, ceil(d_row |Δrow|))."""
         p = self.pos
@@ -133,7 +142,7 @@ class HallModel:
     def assess(self, powers_w: Float64Array, busy: npt.NDArray[np.bool_]) -> Thermal:
         """Tin, raised supply, CoP, computing and cooling power, shortest MTTF."""
         hall = self.hall
-        tin = hall.inlet_c(powers_w)
+        tin = self.inlet_c(powers_w)
         max_tin = hall.max_inlet_c(tin)
         supply = hall.supply_c + hall.redline_c - max_tin
         cop = hall.cop(supply)

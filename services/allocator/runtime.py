@@ -59,6 +59,7 @@ class AllocatorCore:
             seed=settings.demo_seed,
             mpit_exact_max_free=settings.mpit_exact_max_free,
             mpit_time_limit_s=settings.mpit_time_limit_s,
+            joint_max_centres=settings.joint_max_centres,
         )
         saved = self.store.load_state()
         policy = settings.policy
@@ -83,6 +84,8 @@ class AllocatorCore:
 
     def load(self) -> None:
         """Take the saved jobs back (releasing those whose time ran out while down)."""
+        model = self.book.model
+        _ = model.cc_min, model.shells, model.d_csc, model.d_csr  # once now, not per request
         if self._saved:
             try:
                 self.book.restore(self._saved, time.time_ns())

@@ -62,10 +62,12 @@ class Settings(SectionSettings):
     """Reliability constraint: a job waits while placing it would bring any processor's MTTF below this (0 = off)."""
     runner_ups: int = Field(3, ge=0, le=20)
     """Alternatives every decision reports."""
-    mpit_exact_max_free: int = Field(1000, ge=0)
+    mpit_exact_max_free: int = Field(600, ge=0)
     """MPIT solves the exact MILP up to this many free nodes; the greedy heuristic above."""
-    mpit_time_limit_s: float = Field(2.0, gt=0)
+    mpit_time_limit_s: float = Field(1.0, gt=0)
     """Time cap per MILP stage."""
+    joint_max_centres: int = Field(16, ge=1)
+    """Joint opens MC1x1 shells at no more than this many of MPIT's nodes (the most compact)."""
     sensor_prefix: str = "/kelvin/allocator"
     """Prefix of the decision sensors (max_tin_c, cooling_kw, utilization, ...)."""
     publish_nodes: bool = True

@@ -13,6 +13,7 @@ from services.allocator.communication import (
     communication_cost,
     communication_fraction,
     distance_matrix,
+    distance_sums,
     latency_factor,
     pair_sum,
     runtime_stretch,
@@ -59,6 +60,13 @@ def test_pair_sum_matches_the_distance_matrix() -> None:
     pos = rng.integers(0, 5, (17, 3))
     w = axis_weights(7.0)
     assert pair_sum(pos, w) == pytest.approx(distance_matrix(pos, pos, w).sum() / 2)
+
+
+def test_distance_sums_match_the_distance_matrix() -> None:
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 6, (9, 3)), rng.integers(0, 6, (13, 3))
+    w = axis_weights(10.0)
+    np.testing.assert_allclose(distance_sums(a, b, w), distance_matrix(a, b, w).sum(axis=1))
 
 
 def test_latency_factor_and_stretch_formulas() -> None:

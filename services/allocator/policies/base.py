@@ -28,10 +28,12 @@ class PolicyOptions:
 
     seed: int = 0
     """Seed of the ``random`` policy."""
-    mpit_exact_max_free: int = 1000
+    mpit_exact_max_free: int = 600
     """MPIT solves the exact MILP while at most this many nodes are free; above, the heuristic."""
-    mpit_time_limit_s: float = 2.0
+    mpit_time_limit_s: float = 1.0
     """Cap on each MILP stage; on time-out the better of incumbent and heuristic is used."""
+    joint_max_centres: int = 16
+    """Joint opens shells at no more of MPIT's nodes than this (the most compact centres)."""
     mc_tie_limit: int = 64
     """MC1x1 evaluates CC for at most this many equally scored centres (lowest indices)."""
     mc_exact_fill_limit: int = 5000
@@ -62,7 +64,7 @@ class View:
     @cached_property
     def inlet_c(self) -> Float64Array:
         """Current Tin; absent nodes at -inf so that they never set the peak."""
-        tin = self.model.hall.inlet_c(self.powers_w)
+        tin = self.model.inlet_c(self.powers_w)
         return np.where(self.model.present, tin, -np.inf)
 
     def rise_per_node(self, power_w: float) -> Float64Array:

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from services.allocator.communication import distance_matrix
+from services.allocator.communication import distance_matrix, distance_sums
 from services.allocator.model import HallModel, IntArray
 from services.allocator.policies.base import Policy, Request, View, distinct, register
 
@@ -35,7 +35,7 @@ def fill_from_shell(
     if need >= len(shell):
         return np.sort(np.r_[inner, shell])
     w = model.weights
-    to_inner = distance_matrix(model.pos[shell], model.pos[inner], w).sum(axis=1)
+    to_inner = distance_sums(model.pos[shell], model.pos[inner], w)
     among = distance_matrix(model.pos[shell], model.pos[shell], w)
     if math.comb(len(shell), need) <= exact_limit:
         combos = np.array(list(itertools.combinations(range(len(shell)), need)), dtype=np.int64)

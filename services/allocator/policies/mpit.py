@@ -12,14 +12,21 @@ optimum, the one adding the least total inlet rise over the hall
 indices (``M = n N + 1`` keeps the two apart; integer costs, so HiGHS closes
 the gap exactly).
 
-Above ``mpit_exact_max_free`` free nodes (or if HiGHS fails or times out) the
-heuristic runs: greedy, adding each time the node whose column raises the
-peak least (same tie keys), scanning only D's non-zeros (O(nnz) per step).
-Runner-ups are the best single swaps (one chosen node out, one free node in)
-of the choice.
+Exact shortcuts skip HiGHS in the usual case: the peak can never drop below
+today's, so when the cheapest admissible nodes keep today's peak they answer
+both stages (:func:`keeps_peak`, O(nnz of D) at any hall size); after stage
+1 the same test can settle stage 2.
+
+Above ``mpit_exact_max_free`` free nodes the shortcut still runs; if it does
+not settle the job (or HiGHS fails or times out) the heuristic runs: greedy,
+adding each time the node whose column raises the peak least (same tie
+keys), scanning only D's non-zeros. Runner-ups are the best single swaps
+(one chosen node out, one free node in) of the choice.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 import scipy.sparse as sp
@@ -41,36 +48,123 @@ def total_rise_mk(view: View, rise: Float64Array, nodes: IntArray) -> Float64Arr
 
 def peak_after(view: View, rise: Float64Array, nodes: IntArray) -> float:
     """max Tin over present nodes once ``nodes`` draw the job's power."""
-    tin = view.inlet_c + view.model.d_rows[:, nodes] @ rise[nodes]
+    tin = view.inlet_c + view.model.d_csc[:, nodes] @ rise[nodes]
     return float(tin.max())
+
+
+class _Columns:
+    """D's columns of the free nodes, scaled by their power rise, for O(nnz) peak scans."""
+
+    def __init__(self, view: View, rise: Float64Array) -> None:
+        self.free = view.free_idx
+        cols = view.model.d_csc[:, self.free].tocsc()
+        cols.sort_indices()
+        self.indptr, self.indices = cols.indptr, cols.indices
+        self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
+        self.nonempty = np.diff(self.indptr) > 0
+        self.starts = self.indptr[:-1][self.nonempty]
+
+    def peaks(self, tin: Float64Array, floor: float) -> Float64Array:
+        """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
+        out = np.full(len(self.free), floor)
+        if self.data.size:
+            tops = np.maximum.reduceat(tin[self.indices] + self.data, self.starts)
+            out[self.nonempty] = np.maximum(floor, tops)
+        return out
+
+
+def _cheapest_within(
+    view: View, rise: Float64Array, cols: _Columns, cost: Float64Array, n: int, bound: float
+) -> IntArray | None:
+    """The n cheapest nodes that each keep the peak within ``bound``, if together they do too.
+
+    Every set feasible for stage 2 consists of such nodes, so when the cheapest
+    n of them are feasible together they are stage 2's optimum: no MILP needed.
+    This is the common case (a job that does not move the hall's hot spot).
+    """
+    ok = np.flatnonzero(cols.peaks(view.inlet_c, float(view.inlet_c.max())) <= bound)
+    if len(ok) < n:
+        return None
+    pick = ok[np.argsort(cost[ok], kind="stable")[:n]]
+    nodes = np.sort(cols.free[pick])
+    return nodes if peak_after(view, rise, nodes) <= bound else None
+
+
+def _tie_cost(view: View, rise: Float64Array, n: int) -> Float64Array:
+    free = view.free_idx
+    return total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
+
+
+def keeps_peak(
+    view: View,
+    rise: Float64Array,
+    n: int,
+    cols: _Columns | None = None,
+    cost: Float64Array | None = None,
+) -> IntArray | None:
+    """The exact MPIT answer when some set keeps today's peak (the usual case), else None.
+
+    The peak can never drop below today's (D >= 0, powers only rise), so a set
+    that keeps it is optimal for stage 1, and the cheapest admissible one is
+    stage 2's answer. O(nnz of D), whatever the hall's size.
+    """
+    cols = cols or _Columns(view, rise)
+    cost = _tie_cost(view, rise, n) if cost is None else cost
+    now = float(view.inlet_c.max())
+    quick = _cheapest_within(view, rise, cols, cost, n, now + PEAK_TOLERANCE_C)
+    if quick is not None and peak_after(view, rise, quick) <= now:
+        return quick
+    return None
 
 
 def solve_exact(
     view: View, rise: Float64Array, n: int, time_limit_s: float
 ) -> tuple[IntArray, bool] | None:
-    """The two-stage MILP; (nodes, proven optimal) or None when HiGHS found nothing."""
+    """The two-stage MILP; (nodes, proven optimal) or None when HiGHS found nothing.
+
+    Shortcuts that keep the result exact: :func:`keeps_peak` first; the greedy
+    answer bounds t from above (and settles stage 1 if it keeps today's peak);
+    after stage 1, the cheapest admissible set can settle stage 2.
+    """
     free = view.free_idx
     m = len(free)
+    cols = _Columns(view, rise)
+    cost = _tie_cost(view, rise, n)
+    quick = keeps_peak(view, rise, n, cols, cost)
+    if quick is not None:
+        return quick, True
     rows = np.flatnonzero(view.model.present)
     base = view.inlet_c[rows]
     heat = sp.csr_matrix(view.model.d_csc[:, free][rows, :] @ sp.diags(rise[free]))
-    ones = sp.csr_matrix(np.ones((rows.size, 1)))
-    count_row = sp.csr_matrix(np.r_[np.ones(m), 0.0][None, :])
-    stage1 = milp(
-        c=np.r_[np.zeros(m), 1.0],
-        constraints=[
-            LinearConstraint(sp.hstack([heat, -ones]).tocsr(), -np.inf, -base),
-            LinearConstraint(count_row, n, n),
-        ],
-        integrality=np.r_[np.ones(m), 0.0],
-        bounds=Bounds(np.r_[np.zeros(m), -np.inf], np.r_[np.ones(m), np.inf]),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
-    )
-    if stage1.x is None:
-        return None
-    first = free[np.flatnonzero(stage1.x[:m] > 0.5)]
-    t_star = peak_after(view, rise, first)
-    cost = total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
+    # t lies between today's peak and the greedy answer's: tight bounds prune HiGHS's tree
+    t_low = float(base.max())
+    upper = greedy(view, rise, n)
+    t_high = peak_after(view, rise, upper)
+    proven = True
+    if t_high <= t_low:
+        t_star = t_low
+    else:
+        ones = sp.csr_matrix(np.ones((rows.size, 1)))
+        count_row = sp.csr_matrix(np.r_[np.ones(m), 0.0][None, :])
+        stage1 = milp(
+            c=np.r_[np.zeros(m), 1.0],
+            constraints=[
+                LinearConstraint(sp.hstack([heat, -ones]).tocsr(), -np.inf, -base),
+                LinearConstraint(count_row, n, n),
+            ],
+            integrality=np.r_[np.ones(m), 0.0],
+            bounds=Bounds(np.r_[np.zeros(m), t_low], np.r_[np.ones(m), t_high + PEAK_TOLERANCE_C]),
+            options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
+        )
+        if stage1.x is None:
+            return None
+        proven = stage1.status == 0
+        first = free[np.flatnonzero(stage1.x[:m] > 0.5)]
+        t_star = min(t_high, peak_after(view, rise, first))
+        upper = upper if t_high <= t_star else np.sort(first)
+    quick = _cheapest_within(view, rise, cols, cost, n, t_star + PEAK_TOLERANCE_C)
+    if quick is not None:
+        return quick, proven
     stage2 = milp(
         c=cost,
         constraints=[
@@ -82,37 +176,41 @@ def solve_exact(
         options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
     )
     if stage2.x is None:
-        return np.sort(first), stage1.status == 0
+        return upper, False
     chosen = np.sort(free[np.flatnonzero(stage2.x > 0.5)])
-    return chosen, stage1.status == 0 and stage2.status == 0
+    return chosen, proven and stage2.status == 0
 
 
 def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
-    """Add, n times, the free node that raises the peak least (ties: least total rise, index)."""
-    free = view.free_idx
-    cols = view.model.d_csc[:, free].tocsc()
-    cols.sort_indices()
-    indptr, indices = cols.indptr, cols.indices
-    per_nz_rise = np.repeat(rise[free], np.diff(indptr))
-    data = cols.data * per_nz_rise
-    nonempty = np.diff(indptr) > 0
-    starts = indptr[:-1][nonempty]
+    """Add, n times, the free node that raises the peak least (ties: least total rise, index).
+
+    Lazy evaluation: a node's candidate peak can only grow as the job grows,
+    so stale heap keys are lower bounds; a popped node whose recomputed key is
+    unchanged is the true minimum. Each step touches a few columns, not all.
+    """
+    cols = _Columns(view, rise)
+    free, indptr, indices, data = cols.free, cols.indptr, cols.indices, cols.data
     q = total_rise_mk(view, rise, free)
     tin = view.inlet_c.copy()
     peak = float(tin.max())
-    available = np.ones(len(free), dtype=bool)
+    start = np.round(cols.peaks(tin, peak), 9)
+    heap = [
+        (float(p), float(qj), int(fj), j)
+        for j, (p, qj, fj) in enumerate(zip(start, q, free, strict=True))
+    ]
+    heapq.heapify(heap)
     chosen: list[int] = []
-    for _ in range(n):
-        col_peak = np.full(len(free), peak)
-        if data.size:
-            col_peak[nonempty] = np.maximum(peak, np.maximum.reduceat(tin[indices] + data, starts))
-        key_peak = np.where(available, np.round(col_peak, 9), np.inf)
-        j = int(np.lexsort((free, q, key_peak))[0])
+    while len(chosen) < n:
+        key, qj, fj, j = heapq.heappop(heap)
         a, b = indptr[j], indptr[j + 1]
+        col = float((tin[indices[a:b]] + data[a:b]).max()) if b > a else peak
+        fresh = round(max(peak, col), 9)
+        if fresh > key:
+            heapq.heappush(heap, (fresh, qj, fj, j))
+            continue
         tin[indices[a:b]] += data[a:b]
-        peak = float(tin.max())
-        available[j] = False
-        chosen.append(int(free[j]))
+        peak = max(peak, fresh)
+        chosen.append(fj)
     return np.sort(np.array(chosen, dtype=np.int64))
 
 
@@ -150,14 +248,12 @@ class Mpit(Policy):
         rise = view.rise_per_node(request.power_w)
         n = request.size
         chosen: IntArray | None = None
-        if len(view.free_idx) <= self.options.mpit_exact_max_free:
+        if len(view.free_idx) > self.options.mpit_exact_max_free:
+            chosen = keeps_peak(view, rise, n)
+        else:
+            # never worse than greedy: greedy's peak bounds the MILP from above
             found = solve_exact(view, rise, n, self.options.mpit_time_limit_s)
-            if found is not None:
-                chosen, optimal = found
-                if not optimal:
-                    alt = greedy(view, rise, n)
-                    if peak_after(view, rise, alt) < peak_after(view, rise, chosen):
-                        chosen = alt
+            chosen = None if found is None else found[0]
         if chosen is None:
             chosen = greedy(view, rise, n)
         return [chosen, *swap_runner_ups(view, rise, chosen, alternatives)]
