@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import os
 import re
 import typing
 from pathlib import Path
@@ -92,7 +93,7 @@ def load_settings(
     (container,) = containers(spec)
     path = tmp_path / f"{component}.yaml"
     path.write_text(rendered.config_yaml())
-    for key in [k for k in __import__("os").environ if k.startswith("KELVIN_")]:
+    for key in [k for k in os.environ if k.startswith("KELVIN_")]:
         monkeypatch.delenv(key)
     for key, value in container_env(rendered, container).items():
         monkeypatch.setenv(key, value)
