@@ -8,8 +8,10 @@ subprocess so that it does not share the agent's interpreter::
 
     python -m benchmarks.loadgen_mqtt publish --port 1883 --messages 200000 --readings 1
     python -m benchmarks.loadgen_mqtt subscribe --port 1883 --expect 200000
+    python -m benchmarks.loadgen_mqtt amqtt-broker --port 1883
 
-Each prints one JSON line: messages, seconds, messages/s (first send to last ack).
+Each prints one JSON line: messages, seconds, messages/s (first send to last ack);
+the subscriber first prints ``{"subscribed": true}`` once its subscription is active.
 """
 
 from __future__ import annotations
@@ -127,9 +129,7 @@ def publish(
     return {"messages": total, "seconds": elapsed, "rate": total / elapsed, "start": start_wall}
 
 
-def subscribe_count(
-    port: int, expect: int, topic: str = "/bench/#", ready_file: str | None = None
-) -> dict[str, float]:
+def subscribe_count(port: int, expect: int, topic: str = "/bench/#") -> dict[str, float]:
     """Subscribe at QoS 1 and count PUBLISHes (acking each) until ``expect`` arrived."""
     sock = _connect(port, f"counter-{time.monotonic_ns()}")
     t = topic.encode()
@@ -138,8 +138,7 @@ def subscribe_count(
     suback = sock.recv(5)
     if len(suback) < 5 or suback[0] != 0x90 or suback[4] > 2:
         raise RuntimeError(f"SUBSCRIBE refused: {suback!r}")
-    if ready_file:
-        open(ready_file, "w").close()
+    print(json.dumps({"subscribed": True}), flush=True)  # the caller starts publishing now
     count = 0
     buf = b""
     t0: float | None = None
@@ -177,8 +176,35 @@ def subscribe_count(
         if pids:
             sock.sendall(b"".join(struct.pack(">BBH", 0x40, 2, p) for p in pids))
     elapsed = time.perf_counter() - (t0 or time.perf_counter())
+    end_wall = time.time()
     sock.close()
-    return {"messages": count, "seconds": elapsed, "rate": count / max(elapsed, 1e-9)}
+    return {
+        "messages": count,
+        "seconds": elapsed,
+        "rate": count / max(elapsed, 1e-9),
+        "end": end_wall,
+    }
+
+
+def amqtt_broker(port: int) -> None:
+    """Run amqtt's broker (the reference for the built-in endpoint) until killed."""
+    import asyncio
+
+    from amqtt.broker import Broker
+
+    async def serve() -> None:
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
+            # only what a collect agent would need: no event/packet logging, no $SYS
+            "plugins": {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+            },
+        }
+        broker = Broker(config)
+        await broker.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,13 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--expect", type=int, required=True)
     s.add_argument("--topic", default="/bench/#")
-    s.add_argument("--ready-file")
+    b = sub.add_parser("amqtt-broker")
+    b.add_argument("--port", type=int, required=True)
     a = ap.parse_args(argv)
+    if a.cmd == "amqtt-broker":
+        amqtt_broker(a.port)
+        return 0
     if a.cmd == "publish":
         packets = dcdb_packets(a.messages, a.readings, a.sensors, a.qos, a.ts0)
         result = publish(a.port, packets, a.connections, a.window, a.qos)
     else:
-        result = subscribe_count(a.port, a.expect, a.topic, a.ready_file)
+        result = subscribe_count(a.port, a.expect, a.topic)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -1,0 +1,287 @@
+"""Collect agent end to end: raw-socket publisher -> agent (built-in endpoint) -> SQLite.
+
+Beside it, in the same run and with the same data: the raw SQLite insert rate
+of the same rows (row per reading, the classic schema), the SQLite backend's
+own ``write()`` (what the agent's writer calls), mosquitto delivering the same
+PUBLISHes to a counting subscriber, and amqtt's broker acknowledging them (the
+alternative for the built-in endpoint). QoS 1 throughout; the agent runs with
+its defaults (fsync on every group commit). The load generator runs in its own
+process (``benchmarks/loadgen_mqtt.py``) so it does not share the agent's
+interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.loadgen_mqtt import TS0
+from services.collect_agent import mqtt_packets as mp
+from services.collect_agent.app import create_service
+from services.common import codec
+from services.common.readings import Batch
+from services.common.settings import Config
+from services.common.storage.settings import SqliteSettings
+from services.common.storage.sqlite import SqliteStorage
+
+SENSORS = 1000
+SCENARIOS = [  # (label, readings per message, messages full, messages quick)
+    ("1 reading", 1, 300_000, 30_000),
+    ("100 readings", 100, 30_000, 3_000),
+]
+AMQTT_MESSAGES = (6_000, 1_500)
+GOALS = {1: ("messages/s", 50_000), 100: ("readings/s", 250_000)}
+
+
+def rows(messages: int, readings: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (sensor index, timestamp, value) rows ``loadgen_mqtt.dcdb_packets`` publishes."""
+    i = np.repeat(np.arange(messages, dtype=np.int64), readings)
+    k = np.tile(np.arange(readings, dtype=np.int64), messages)
+    sensor = i % SENSORS
+    ts = TS0 + (i // SENSORS) * readings * 1000 + k * 1000
+    return sensor, ts, (i + k).astype(np.float64)
+
+
+def sensor_names() -> list[str]:
+    return [f"/bench/n{s // 100:03d}/s{s % 100:02d}" for s in range(SENSORS)]
+
+
+async def _loadgen(*args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.loadgen_mqtt", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"loadgen {args[0]} failed ({proc.returncode})")
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def _publish_args(port: int, messages: int, readings: int) -> list[str]:
+    return ["publish", "--port", str(port), "--messages", str(messages),
+            "--readings", str(readings), "--sensors", str(SENSORS)]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Kelvin
+
+
+async def kelvin(work: Path, messages: int, readings: int, probe: bool) -> dict[str, float]:
+    cfg = Config(
+        overrides={
+            "collect_agent": {"host": "127.0.0.1", "port": 0, "mqtt_port": 0,
+                              "spool_dir": str(work / "spool"), "cache_window_s": 60},
+            "storage": {"sqlite": {"path": str(work / "agent.sqlite")}},
+        }
+    )  # fmt: skip
+    agent = create_service(cfg)
+    await agent.start()
+    try:
+        assert agent.mqtt_port
+        res = await _loadgen(*_publish_args(agent.mqtt_port, messages, readings))
+        await agent.spool.wait_empty()
+        stored_s = time.time() - res["start"]
+        assert agent.storage is not None
+        stats = await agent.storage.stats()
+        if stats["readings"] != messages * readings:
+            raise RuntimeError(f"stored {stats['readings']} of {messages * readings} readings")
+        out = {"ack_msgs": res["rate"], "stored_s": stored_s}
+        if probe:
+            out.update(await _latency(agent.mqtt_port))
+        return out
+    finally:
+        await agent.stop()
+
+
+async def _latency(port: int, n: int = 300) -> dict[str, float]:
+    """Publish -> PUBACK round trips of one client at low load (spool fsync included)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(mp.connect("latency-probe"))
+    await reader.readexactly(4)
+    rtts = []
+    for i in range(n):
+        pkt = mp.publish("/bench/latency", codec.encode_dcdb([i], [TS0 + i]), 1, i + 1)
+        t0 = time.perf_counter()
+        writer.write(pkt)
+        await reader.readexactly(4)
+        rtts.append(time.perf_counter() - t0)
+    writer.close()
+    q = statistics.quantiles(rtts, n=100)
+    return {"rtt_p50_ms": q[49] * 1000, "rtt_p99_ms": q[98] * 1000}
+
+
+# --------------------------------------------------------------------------- references
+
+
+def raw_sqlite(work: Path, messages: int, readings: int) -> float:
+    """Rows/s inserting the same rows with plain sqlite3 (WAL, 100k-row transactions)."""
+    sensor, ts, vs = rows(messages, readings)
+    con = sqlite3.connect(work / "raw.sqlite", isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    con.execute(
+        "CREATE TABLE readings (sid INTEGER, ts INTEGER, value REAL, PRIMARY KEY (sid, ts)) WITHOUT ROWID"
+    )
+    t0 = time.perf_counter()
+    step = 100_000
+    for a in range(0, len(ts), step):
+        con.execute("BEGIN")
+        con.executemany(
+            "INSERT OR REPLACE INTO readings VALUES (?,?,?)",
+            zip(
+                sensor[a : a + step].tolist(),
+                ts[a : a + step].tolist(),
+                vs[a : a + step].tolist(),
+                strict=True,
+            ),
+        )
+        con.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return len(ts) / elapsed
+
+
+async def backend_direct(work: Path, messages: int, readings: int) -> float:
+    """Readings/s of ``SqliteStorage.write`` alone, in the writer's batch size."""
+    _, ts, vs = rows(messages, readings)
+    names = sensor_names()
+    per_batch = max(1, 200_000 // readings)
+    batches = []
+    for a in range(0, messages, per_batch):
+        b = min(a + per_batch, messages)
+        offsets = np.arange(b - a + 1, dtype=np.int64) * readings
+        batches.append(
+            Batch([names[i % SENSORS] for i in range(a, b)], offsets,
+                  ts[a * readings : b * readings], vs[a * readings : b * readings])
+        )  # fmt: skip
+    storage = SqliteStorage(SqliteSettings(path=work / "backend.sqlite"))
+    await storage.open()
+    t0 = time.perf_counter()
+    for batch in batches:
+        await storage.write(batch)
+    elapsed = time.perf_counter() - t0
+    await storage.close()
+    return len(ts) / elapsed
+
+
+async def mosquitto(work: Path, messages: int, readings: int) -> float | None:
+    """Messages/s from the first publish until a counting subscriber has them all."""
+    try:
+        from tests.support.servers import Mosquitto
+
+        broker = Mosquitto(work).start()
+    except BaseException as exc:  # pytest.skip when mosquitto is missing
+        print(f"mosquitto reference skipped: {exc}", file=sys.stderr)
+        return None
+    try:
+        sub = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.loadgen_mqtt", "subscribe", "--port",
+            str(broker.port), "--expect", str(messages), stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert sub.stdout is not None
+        await sub.stdout.readline()  # subscribed
+        pub = await _loadgen(*_publish_args(broker.port, messages, readings))
+        got = json.loads(await sub.stdout.readline())
+        await sub.wait()
+        return messages / (got["end"] - pub["start"])
+    finally:
+        broker.stop()
+
+
+async def amqtt(messages: int, readings: int) -> float:
+    """Messages/s amqtt's broker acknowledges (QoS 1, nobody subscribed)."""
+    from tests.support.servers import free_port, wait_port
+
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.loadgen_mqtt", "amqtt-broker", "--port", str(port),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(wait_port, port, "127.0.0.1", 30.0)
+        res = await _loadgen(*_publish_args(port, messages, readings), "--window", "1000")
+        return float(res["rate"])
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+async def _run(quick: bool) -> str:
+    lines = [
+        "| payload | path | messages/s | readings/s | ratio |",
+        "|---|---|---:|---:|---|",
+    ]
+    notes = []
+    for label, readings, full, small in SCENARIOS:
+        n = small if quick else full
+        work = Path(tempfile.mkdtemp(prefix="bench-agent-"))
+        try:
+            k = await kelvin(work, n, readings, probe=readings == 1)
+            raw = raw_sqlite(work, n, readings)
+            direct = await backend_direct(work, n, readings)
+            mosq = await mosquitto(work, n, readings)
+            amq = await amqtt(AMQTT_MESSAGES[quick], readings) if readings == 1 else None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        stored_msgs = n / k["stored_s"]
+        stored_rd = stored_msgs * readings
+        lines += [
+            f"| {label} | **Kelvin agent → SQLite** (first publish → all stored) | **{_fmt(stored_msgs)}** "
+            f"| **{_fmt(stored_rd)}** | |",
+            f"| {label} | Kelvin agent, PUBACK rate (spooled, fsync'ed) | {_fmt(k['ack_msgs'])} "
+            f"| {_fmt(k['ack_msgs'] * readings)} | |",
+            f"| {label} | raw SQLite insert of the same rows | | {_fmt(raw)} "
+            f"| Kelvin ÷ raw = **{stored_rd / raw:.2f}** |",
+            f"| {label} | SQLite backend `write()` alone | | {_fmt(direct)} "
+            f"| Kelvin ÷ backend = {stored_rd / direct:.2f} |",
+            f"| {label} | mosquitto → counting subscriber | {_fmt(mosq)} "
+            f"| {_fmt(mosq * readings if mosq else None)} "
+            f"| {'Kelvin ÷ mosquitto = **%.2f**' % (stored_msgs / mosq) if mosq else ''} |",
+        ]
+        if amq is not None:
+            lines.append(
+                f"| {label} | amqtt broker, PUBACK rate (nobody subscribed) | {_fmt(amq)} "
+                f"| {_fmt(amq * readings)} | Kelvin ÷ amqtt = **{stored_msgs / amq:.0f}** |"
+            )
+        unit, goal = GOALS[readings]
+        value = stored_msgs if unit == "messages/s" else stored_rd
+        ok = value >= goal and (readings == 1 or stored_rd >= raw / 2)
+        extra = "" if readings == 1 else f" and ≥ ½ raw SQLite ({_fmt(raw / 2)})"
+        notes.append(
+            f"- {label}: goal ≥ {goal:,} {unit}{extra}: {_fmt(value)} → **{'met' if ok else 'NOT met'}**"
+        )
+        if "rtt_p50_ms" in k:
+            notes.append(
+                f"- ack latency at low load (publish → PUBACK, fsync per commit): "
+                f"p50 {k['rtt_p50_ms']:.2f} ms, p99 {k['rtt_p99_ms']:.2f} ms (budget 50 ms)"
+            )
+    size = "quick" if quick else "full"
+    head = (
+        f"{size} run; {SENSORS} sensors; QoS 1; 4 publisher connections; agent defaults "
+        f"(fsync per group commit, sensor cache on); amqtt measured with "
+        f"{AMQTT_MESSAGES[quick]:,} messages.\n\n"
+    )
+    return head + "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def main(quick: bool = False) -> str:
+    return asyncio.run(_run(quick))
+
+
+if __name__ == "__main__":
+    print(main(quick="--quick" in sys.argv))
