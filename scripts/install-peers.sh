@@ -14,6 +14,7 @@ have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
+have kubectl || need+=(kubernetes-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
