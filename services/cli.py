@@ -179,7 +179,7 @@ def _announce(services: Sequence[Service], cfg: Config) -> None:
     what = "demo (simulated hall, seeded job stream)" if cfg.profile == "demo" else "up"
     lines = [
         f"kelvin {what}: every service is running.",
-        f"  console    http://{host}:{ports.get('query-api')}/",
+        f"  {'console':<14} http://{host}:{ports.get('query-api')}/",
     ]
     lines += [f"  {n:<14} http://{host}:{p}/" for n, p in ports.items() if p and n != "query-api"]
     print("\n".join([*lines, "Stop with Ctrl-C."]), flush=True)

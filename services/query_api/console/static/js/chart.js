@@ -10,7 +10,7 @@ export class ChartPanel {
     this.els = els; // {chart, chosen, empty, status, range, custom, start, end, apply, live, reset, clear}
     this.onChange = onChange;
     this.sensors = []; // [{name, colour}]
-    this.range = { kind: "relative", seconds: 900 };
+    this.range = { kind: "relative", seconds: 300 };
     this.plot = null;
     this.plotKey = "";
     this.window = [0, 0];
@@ -19,7 +19,7 @@ export class ChartPanel {
     els.range.addEventListener("change", () => this.onRangeSelect());
     els.apply.addEventListener("click", () => this.applyCustom());
     els.live.addEventListener("change", () => this.schedule());
-    els.reset.addEventListener("click", () => this.setRange({ kind: "relative", seconds: this.lastRelative || 900 }));
+    els.reset.addEventListener("click", () => this.setRange({ kind: "relative", seconds: this.lastRelative || 300 }));
     els.clear.addEventListener("click", () => { this.sensors = []; this.changed(); });
     // Follow the view's width only (the chart's height is our own doing), one frame later.
     let lastWidth = 0;
@@ -81,7 +81,7 @@ export class ChartPanel {
     if (range.kind === "relative") {
       this.lastRelative = range.seconds;
       this.els.range.value = String(range.seconds);
-      if (this.els.range.value !== String(range.seconds)) this.els.range.value = "900";
+      if (this.els.range.value !== String(range.seconds)) this.addRangeOption(range.seconds);
       this.els.custom.hidden = true;
       this.els.reset.hidden = true;
     } else {
@@ -94,6 +94,14 @@ export class ChartPanel {
     this.onChange?.();
     this.poller.kick();
     this.schedule();
+  }
+
+  /** A relative range from the address bar that the list lacks (e.g. r=120) gets its own entry. */
+  addRangeOption(seconds) {
+    const label = seconds % 3600 === 0 ? `${seconds / 3600} h` : seconds % 60 === 0 ? `${seconds / 60} min` : `${seconds} s`;
+    const opt = h("option", { value: String(seconds) }, `last ${label}`);
+    this.els.range.insertBefore(opt, this.els.range.querySelector("option[value=custom]"));
+    this.els.range.value = String(seconds);
   }
 
   onRangeSelect() {

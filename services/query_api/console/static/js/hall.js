@@ -6,6 +6,8 @@ const CELL_W = 78, CELL_H = 38, RACK_GAP = 16, PAD = 3, LABEL_W = 58;
 const COLD_H = 30, HOT_H = 44, RACK_LABEL_H = 14;
 const STALE_S = 30; // a measurement older than this is shown hatched
 const DEFAULT_REDLINE_C = 30;
+const TOTALS_PREFIX = "/kelvin/allocator"; // where the allocator publishes its totals (sensor_prefix)
+const TOTALS_CHARTED = ["cooling_kw", "computing_kw", "max_tin_c"];
 
 export class HallView {
   constructor(els, onChart) {
@@ -16,6 +18,8 @@ export class HallView {
     this.measured = new Map();
     this.selected = 0;
     this.renders = 0;
+    this.totalSensors = [];
+    this.totalsCheckedMs = 0;
     this.poller = new Poller(() => this.refresh(), 1000);
     for (const r of els.modes) {
       r.addEventListener("change", () => { if (r.checked) { this.mode = r.value; this.paint(); } });
@@ -44,6 +48,7 @@ export class HallView {
       this.measured = new Map();
       this.setStatus(`Measured inlet temperatures unavailable: ${exc.detail}`, "warn");
     }
+    await this.findTotalSensors();
     const layout = `${hall.rows}x${hall.racks}x${hall.slots}`;
     if (!this.hall || this.layout !== layout) this.build(hall);
     this.hall = hall;
@@ -52,6 +57,18 @@ export class HallView {
     this.renders += 1;
     this.els.plan.dataset.renders = String(this.renders);
     this.els.plan.dataset.fetchedMs = String(started);
+  }
+
+  /** The allocator's published totals, if stored (looked up every 30 s until found). */
+  async findTotalSensors() {
+    if (this.totalSensors.length || Date.now() - this.totalsCheckedMs < 30000) return;
+    this.totalsCheckedMs = Date.now();
+    try {
+      const { sensors } = await getJSON("/api/v1/sensor-names", { prefix: TOTALS_PREFIX });
+      this.totalSensors = TOTALS_CHARTED.map((q) => `${TOTALS_PREFIX}/${q}`).filter((n) => sensors.includes(n));
+    } catch {
+      this.totalSensors = [];
+    }
   }
 
   inletSensor(n) {
@@ -188,13 +205,13 @@ export class HallView {
       c.t1.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
       c.t2.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
       c.t1.textContent = absent ? "absent" : tin === null ? "no data" : `${fmt(tin)} °C`;
-      c.t2.textContent = absent ? "" : n.busy ? `job ${n.job ?? "?"}` : "idle";
+      c.t2.textContent = absent ? "" : n.busy ? jobLabel(n.job) : "idle";
       c.stale.setAttribute("visibility", !absent && this.mode === "measured" && tin === null ? "visible" : "hidden");
       c.g.dataset.index = String(n.index);
       c.g.dataset.busy = String(!!n.busy);
       c.g.dataset.job = n.busy && n.job !== null && n.job !== undefined ? String(n.job) : "";
       const m = this.measured.get(this.inletSensor(n));
-      c.g.setAttribute("aria-label", `row ${n.row} rack ${n.rack} slot ${n.slot}: ${n.busy ? `job ${n.job}` : "idle"}, `
+      c.g.setAttribute("aria-label", `row ${n.row} rack ${n.rack} slot ${n.slot}: ${n.busy ? jobLabel(n.job) : "idle"}, `
         + `inlet ${this.mode} ${tin === null ? "unknown" : `${fmt(tin)} °C`}${m ? `, measured ${fmtAge(m.tsNs, now)}` : ""}`);
       if (n.busy) busy += 1;
     }
@@ -259,6 +276,11 @@ export class HallView {
     if (Number.isFinite(t.running_jobs)) rows.push(["Jobs running, queued", `${t.running_jobs}, ${t.queued_jobs ?? 0}`]);
     if (hall.policy) rows.push(["Policy", hall.policy]);
     this.els.totals.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    if (this.totalSensors.length) {
+      this.els.totals.append(h("dd", { class: "wide" }, h("button", {
+        type: "button", class: "small", onclick: () => this.onChart(this.totalSensors),
+      }, "Chart cooling, computing and peak inlet over time")));
+    }
   }
 
   renderLegend(lo, hi) {
@@ -283,7 +305,7 @@ export class HallView {
     this.els.jobs.replaceChildren(...items.map(([job, j]) => {
       const li = h("li", { tabindex: "0", dataset: { job } },
         h("span", { class: "swatch", style: { borderColor: jobColour(job) }, "aria-hidden": "true" }),
-        h("span", {}, `job ${job}`), h("span", { class: "muted" }, `${j.nodes} node${j.nodes > 1 ? "s" : ""} · ${fmt(j.power / 1000)} kW`));
+        h("span", {}, jobLabel(job)), h("span", { class: "muted" }, `${j.nodes} node${j.nodes > 1 ? "s" : ""} · ${fmt(j.power / 1000)} kW`));
       const lit = (on) => this.highlightJob(on ? job : null);
       li.addEventListener("mouseenter", () => lit(true));
       li.addEventListener("mouseleave", () => lit(false));
@@ -305,7 +327,7 @@ export class HallView {
     this.els.node.replaceChildren(
       h("strong", {}, `Node ${n.index}`), h("span", { class: "muted" }, ` · row ${n.row}, rack ${n.rack}, slot ${n.slot}`),
       h("dl", {},
-        h("dt", {}, "State"), h("dd", {}, n.busy ? `running job ${n.job}` : "idle"),
+        h("dt", {}, "State"), h("dd", {}, n.busy ? `running ${jobLabel(n.job)}` : "idle"),
         h("dt", {}, "Power"), h("dd", {}, `${fmt(n.power_w, 0)} W`),
         h("dt", {}, "Inlet, predicted"), h("dd", {}, `${fmt(n.predicted_tin_c)} °C`),
         h("dt", {}, "Inlet, measured"), h("dd", {}, m ? `${fmt(m.value)} °C (${fmtAge(m.tsNs)})` : "–"),
@@ -319,4 +341,9 @@ export class HallView {
     this.els.status.textContent = text;
     this.els.status.className = `status ${kind}`;
   }
+}
+
+/** "job 17" for a bare number, the allocator's id ("j17") as it is otherwise. */
+function jobLabel(job) {
+  return job === null || job === undefined ? "job ?" : /^\d+$/.test(String(job)) ? `job ${job}` : String(job);
 }

@@ -3,6 +3,8 @@ import { AGENT, getJSON } from "./api.js";
 import { Poller, fmt, fmtBytes, fmtInt, h } from "./util.js";
 
 const HISTORY = 300; // samples kept for the rate chart
+const WINDOW_S = 600; // the rate chart shows the last 10 minutes
+const MIN_GAP_S = 1; // two polls closer than this (a view switch) keep one sample
 
 export class IngestView {
   constructor(els) {
@@ -37,6 +39,8 @@ export class IngestView {
     const level = failing || !storage.open ? "bad" : st.backpressure ? "warn" : "ok";
     this.badge(level, `${fmt(st.readings_per_s, 0)} readings/s · spool ${fmtInt(spool.pending_readings)} · ${fmtInt(rejects)} rejected`);
     const t = Date.now() / 1000;
+    const last = this.history[0].length - 1;
+    if (last >= 0 && t - this.history[0][last] < MIN_GAP_S) for (const a of this.history) a.pop();
     this.history[0].push(t);
     this.history[1].push(st.readings_per_s ?? null);
     this.history[2].push(st.written_per_s ?? null);
@@ -78,7 +82,7 @@ export class IngestView {
     this.plot = new window.uPlot({
       // The container is empty (0 wide) until uPlot fills it: size from its parent.
       width: Math.max(300, Math.min(900, this.els.chart.parentElement.clientWidth - 18)), height: 170,
-      scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, Math.max(1, (hi || 0) * 1.15)] } },
+      scales: { x: { time: true, range: () => [Date.now() / 1000 - WINDOW_S, Date.now() / 1000] }, y: { range: (u, lo, hi) => [0, Math.max(1, (hi || 0) * 1.15)] } },
       axes: [{ stroke: ink, grid: { stroke: grid } }, { stroke: ink, grid: { stroke: grid }, label: "readings/s", size: 60 }],
       series: [{ label: "time" }, { label: "received", stroke: "#1f77b4", width: 1.5 }, { label: "written", stroke: "#2ca02c", width: 1.5, dash: [4, 3] }],
     }, data, this.els.chart);

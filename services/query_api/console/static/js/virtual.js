@@ -79,7 +79,7 @@ export class VirtualView {
       return;
     }
     if (!expression) {
-      this.message("Expression: required, e.g. sum(\"/hall/*/*/*/power\") / 1000", "error");
+      this.message("Expression: required, e.g. sum(\"/hall/*/*/*/power\")", "error");
       f.expression.focus();
       return;
     }
