@@ -111,7 +111,7 @@ class CollectAgent(HttpService):
         if self.spool.replayed_readings:
             self.metrics.replayed.inc(self.spool.replayed_readings)
         if self.storage is None:
-            self.storage = create_storage(self.storage_settings)
+            self.storage = create_storage(self.storage_settings, self.metrics.service.registry)
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))

@@ -33,11 +33,12 @@ def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settin
 
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
-    """Start agents (stopped after the test); keyword arguments are collect_agent settings."""
+    """Start agents (stopped after the test); keyword arguments are collect_agent settings,
+    ``storage`` the storage section."""
     started: list[CollectAgent] = []
 
-    async def make(**settings: Any) -> CollectAgent:
-        agent = create_service(agent_config(tmp_path, **settings))
+    async def make(storage: dict[str, Any] | None = None, **settings: Any) -> CollectAgent:
+        agent = create_service(agent_config(tmp_path, storage, **settings))
         await agent.start()
         started.append(agent)
         return agent

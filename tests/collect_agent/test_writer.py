@@ -21,7 +21,8 @@ from services.common.errors import PermanentStorageError, RetryableStorageError
 from services.common.readings import Batch
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
-from tests.collect_agent.conftest import agent_config
+from tests.collect_agent.conftest import AgentFactory, agent_config
+from tests.support.influxdb import InfluxDB
 
 TS0 = 1_764_500_000_000_000_000
 
@@ -151,3 +152,32 @@ async def test_storage_unreachable_at_start_spools_until_it_opens(tmp_path: Path
         assert (await storage.read("/u/s", 0, 2**62)).values.tolist() == [9.0]
     finally:
         await agent.stop()
+
+
+async def test_stopped_influxd_acks_into_the_spool_and_drains_after_restart(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    server = InfluxDB(tmp_path).start()
+    try:
+        settings = server.settings("kelvin_agent_test", retries=0, timeout_s=2)
+        agent = await make_agent(
+            writer_retry_max_s=0.2,
+            storage={"backend": "influxdb", "influxdb": settings.model_dump(mode="json")},
+        )
+        assert agent.mqtt_port
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+            for i in range(20):
+                await client.publish("/ix/s", codec.encode_dcdb([i], [TS0 + i]), qos=1)
+            await agent.spool.wait_empty()
+            server.stop()  # a real outage: the database process is gone
+            for i in range(20, 40):
+                await client.publish("/ix/s", codec.encode_dcdb([i], [TS0 + i]), qos=1)
+        assert agent.spool.pending_readings == 20
+        server.start()  # same port, same data directory
+        await agent.spool.wait_empty()
+        assert agent.storage is not None
+        s = await agent.storage.read("/ix/s", 0, 2**62)
+        assert s.timestamps_ns.tolist() == [TS0 + i for i in range(40)]
+        assert s.values.tolist() == [float(i) for i in range(40)]
+    finally:
+        server.stop()
