@@ -67,8 +67,8 @@ class Settings(SectionSettings):
     """How long ``stop`` waits for buffered readings to go out."""
     timestamps: Literal["tick", "read"] = "tick"
     """Stamp readings with the scheduled instant (aligned across nodes) or the read time."""
-    cache_s: float = Field(900.0, ge=0)
-    """Sensor cache window (DCDB ``cacheInterval``), seconds."""
+    cache_s: float = Field(300.0, ge=0)
+    """Sensor cache window (DCDB ``cacheInterval``, 900 there), seconds: 8 bytes per reading."""
     cache_max_points: int = Field(1024, ge=2)
     """Cap on cached readings per sensor (bounds memory at short intervals)."""
     token: str | None = None

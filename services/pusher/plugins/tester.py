@@ -46,8 +46,9 @@ class TesterGroup(Group):
         self.period_ns = config.period_s * 1e9
         self.count = 0
         n = len(sensors)
+        self.first = first
         self._phase = np.arange(first, first + n, dtype=np.float64) * (2 * math.pi / 97)
-        self._rng = np.random.default_rng(first)
+        self._rng: np.random.Generator | None = None
 
     def read(self, timestamp_ns: int) -> Float64Array:
         self.count += 1
@@ -57,6 +58,8 @@ class TesterGroup(Group):
         if self.mode == "sine":
             angle = 2 * math.pi * (timestamp_ns % self.period_ns) / self.period_ns
             return self.start + np.sin(self._phase + angle)
+        if self._rng is None:  # numpy.random costs ~2 MB: only the random mode loads it
+            self._rng = np.random.default_rng(self.first)
         return self.start + self._rng.random(n)
 
 
