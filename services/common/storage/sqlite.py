@@ -1,7 +1,7 @@
 """The embedded default backend: one SQLite file in WAL mode, no server to run.
 
 Readings are staged one row per write and compacted into per-sensor columnar
-chunks (:mod:`.sqlite_readings`); metadata, virtual sensors and jobs are plain
+chunks (:mod:`.sqlite_writer`, :mod:`.sqlite_reader`); metadata, virtual sensors and jobs are plain
 tables (:mod:`.sqlite_catalog`). One writer connection on a dedicated thread
 (SQLite allows one writer at a time); reads run on a small pool of reader
 threads, each with its own connection, inside a read transaction so that a
@@ -37,15 +37,14 @@ from services.common.storage import sqlite_catalog as cat
 from services.common.storage.base import Child, StorageBackend, VirtualResults, children_of
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
-from services.common.storage.sqlite_readings import (
-    ChunkStore,
+from services.common.storage.sqlite_reader import (
+    StagedCache,
     modified_since,
     newest_ts,
-    prune_writes,
     read_pieces,
-    staged_index,
 )
 from services.common.storage.sqlite_schema import SCHEMA_VERSION, ensure_schema
+from services.common.storage.sqlite_writer import ChunkStore, prune_writes
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -79,6 +78,7 @@ class SqliteStorage(StorageBackend):
         self.path = Path(self.settings.path)
         self.metrics = StorageMetrics.of(registry)
         self.store = ChunkStore()
+        self._staged = StagedCache()
         self._w: sqlite3.Connection | None = None
         self._readers: list[sqlite3.Connection] = []
         self._local = threading.local()
@@ -148,6 +148,7 @@ class SqliteStorage(StorageBackend):
         try:
             result = fn(con)
             con.execute("COMMIT")
+            self.store.committed()
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
@@ -212,8 +213,9 @@ class SqliteStorage(StorageBackend):
         if len(batch) == 0:
             return
         try:
-            for s in set(batch.sensors):
-                names.validate(s)
+            if self.store.known(batch.sensors) is None:  # known names were validated before
+                for s in set(batch.sensors):
+                    names.validate(s)
         except SensorNameError as exc:
             self.metrics.errors.labels(self.kind, "bad_name").inc()
             raise PermanentStorageError(f"sqlite: batch rejected, nothing stored: {exc}") from exc
@@ -269,7 +271,9 @@ class SqliteStorage(StorageBackend):
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
         series = await self._read(
             "read",
-            lambda c: self._series(c, sensor, start_ns, end_ns, staged_index(c, start_ns, end_ns)),
+            lambda c: self._series(
+                c, sensor, start_ns, end_ns, self._staged.index(c, start_ns, end_ns)
+            ),
         )
         self.metrics.read_points.labels(self.kind).inc(len(series))
         return series
@@ -278,7 +282,7 @@ class SqliteStorage(StorageBackend):
         self, sensors: Sequence[str], start_ns: int, end_ns: int
     ) -> dict[str, Series]:
         def q(con: sqlite3.Connection) -> dict[str, Series]:
-            staged = staged_index(con, start_ns, end_ns)  # once for every sensor
+            staged = self._staged.index(con, start_ns, end_ns)  # once for every sensor
             return {s: self._series(con, s, start_ns, end_ns, staged) for s in sensors}
 
         out = await self._read("read", q)
@@ -290,7 +294,7 @@ class SqliteStorage(StorageBackend):
             found = self.store.sensor_id(con, sensor)
             if found is None:
                 return None
-            staged = staged_index(con, _MIN_I64, 2**63 - 1)
+            staged = self._staged.index(con, _MIN_I64, 2**63 - 1)
             t = newest_ts(con, found[0], found[1], staged)
             if t is None:
                 return None
