@@ -36,8 +36,6 @@ from services.common.storage import StorageBackend, StorageSettings, create_stor
 
 log = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 10.0
-
 
 class CollectAgent(HttpService):
     """See the module docstring."""
@@ -200,7 +198,7 @@ class CollectAgent(HttpService):
         if self.mqtt is not None:
             await self.mqtt.stop()
         if self.writer is not None:
-            await self.writer.stop(DRAIN_TIMEOUT_S)
+            await self.writer.stop(self.settings.drain_timeout_s)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

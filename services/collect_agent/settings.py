@@ -98,6 +98,9 @@ class Settings(SectionSettings):
     """Most readings handed to storage in one write."""
     writer_retry_max_s: float = Field(5.0, gt=0)
     """Longest back-off between retries while storage is failing."""
+    drain_timeout_s: float = Field(20.0, ge=0, le=25)
+    """On stop, how long the writer keeps draining the spool into storage (the
+    service runner allows 30 s for a stop); what is left is written after restart."""
     metadata_refresh_s: float = Field(30.0, gt=0)
     """How often the sensors' scales are re-read from storage (metadata another agent
     received)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 from collections import deque
@@ -85,6 +86,7 @@ class Spool:
         self._empty.set()
         self._dirty = False
         self._fsync_task: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None
         self.replayed_records = 0
         self.replayed_readings = 0
         self.corrupt_records = 0
@@ -139,9 +141,29 @@ class Spool:
             self._fd = None
         self._active = None
         self._cleanup()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        """One agent per spool directory: two would interleave and delete each other's files."""
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SpoolError(
+                f"spool {self.dir} is in use by another collect agent (pid {holder}); "
+                "give each agent its own spool_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
 
     def _replay(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         ckpt = self.dir / "drained"
         with contextlib.suppress(OSError, ValueError):
             self._drained = int(ckpt.read_text().strip() or 0)

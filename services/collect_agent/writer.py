@@ -74,8 +74,8 @@ class Writer:
             return
         deadline = time.monotonic() + drain_timeout_s
         while self.spool.pending_records and time.monotonic() < deadline:
-            if self._task.done():
-                break
+            if self._task.done() or self.failing_since is not None:
+                break  # storage is down: waiting cannot drain anything
             await asyncio.sleep(0.02)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

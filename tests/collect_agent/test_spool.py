@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.collect_agent import spool_format as fmt
-from services.collect_agent.spool import Spool
+from services.collect_agent.spool import Spool, SpoolError
 from services.common.readings import Batch
 from services.common.sensors import JobRecord, SensorMetadata
 
@@ -32,6 +33,15 @@ async def drain(spool: Spool) -> list[object]:
         out += [await spool.load(e) for e in entries]
         await spool.release(len(entries))
     return out
+
+
+def crash(spool: Spool) -> None:
+    """What a killed agent leaves: files as they are, its directory lock released by the kernel."""
+    assert spool._lock_fd is not None
+    os.close(spool._lock_fd)
+    spool._lock_fd = None
+    if spool._fsync_task is not None:
+        spool._fsync_task.cancel()
 
 
 def segments(d: Path) -> list[Path]:
@@ -85,7 +95,7 @@ async def test_replay_after_crash_returns_undrained_records_once(tmp_path: Path)
     await crashed.append([*items(written[:2]), (meta, fmt.encode_metadata(meta))])
     await crashed.append(items(written[2:]))
     await crashed.release(2)  # the writer stored the first two batches, then the process died
-    # no close(): as after kill -9
+    crash(crashed)
     spool = Spool(tmp_path)
     await spool.open()
     assert spool.replayed_records == 4 and spool.replayed_readings == 30
@@ -107,6 +117,7 @@ async def test_torn_last_record_is_cut_and_kept_aside(tmp_path: Path) -> None:
     seg = segments(tmp_path)[0]
     data = seg.read_bytes()
     seg.write_bytes(data[:-7])  # the second record's write was torn by the crash
+    crash(crashed)
     spool = Spool(tmp_path)
     await spool.open()
     assert spool.corrupt_records == 1
@@ -135,12 +146,12 @@ async def test_relaxed_fsync_policies_still_persist_for_replay(tmp_path: Path, p
     crashed = Spool(tmp_path, fsync=policy, fsync_interval_ms=10)  # type: ignore[arg-type]
     await crashed.open()
     await crashed.append(items([batch(3)]))
+    crash(crashed)
     spool = Spool(tmp_path)
     await spool.open()
     got = await drain(spool)
     assert len(got) == 1 and same(got[0], batch(3))
     await spool.close()
-    await crashed.close()
 
 
 async def test_over_quota_is_reported_and_cleared_by_draining(tmp_path: Path) -> None:
@@ -174,3 +185,16 @@ def test_fuzz_scan_stops_at_damage_and_never_returns_a_bad_record(
         body = bytes(data[at : at + length])
         # crc32 passed: the record is intact, so it decodes to what was written
         assert fmt.decode(body).sensors == batch(seq - 1, sizes[seq - 1]).sensors  # type: ignore[union-attr]
+
+
+async def test_a_second_agent_on_the_same_spool_is_refused(tmp_path: Path) -> None:
+    first = Spool(tmp_path)
+    await first.open()
+    second = Spool(tmp_path)
+    with pytest.raises(
+        SpoolError, match=f"in use by another collect agent \\(pid {os.getpid()}\\)"
+    ):
+        await second.open()
+    await first.close()
+    await second.open()  # free again once the first has closed
+    await second.close()
