@@ -130,6 +130,17 @@ def test_pick_a_sensor_in_the_tree_and_see_the_chart_draw(
 ) -> None:
     pg, problems = page
     pg.goto(f"{demo.console_url}#/charts")
+    # Tab order: the skip link first, then the views, ..., the search box, then the tree.
+    pg.locator('[role=treeitem][data-name="/hall"]').wait_for()
+    pg.keyboard.press("Tab")
+    assert pg.evaluate("document.activeElement.className") == "skip"
+    for _ in range(10):
+        pg.keyboard.press("Tab")
+        if pg.evaluate("document.activeElement.id") == "tree-search":
+            break
+    assert pg.evaluate("document.activeElement.id") == "tree-search"
+    pg.keyboard.press("Tab")
+    assert pg.evaluate("document.activeElement.getAttribute('role')") == "treeitem"
     # Keyboard only: open the levels with Enter, chart the sensor with Space.
     for level in ("/hall", "/hall/row0", "/hall/row0/rack0", "/hall/row0/rack0/node0"):
         item = pg.locator(f'[role=treeitem][data-name="{level}"]')

@@ -1,5 +1,6 @@
 // Console entry point: wires the views together, routes on the address bar's #fragment.
 import { ALLOCATOR, getJSON, setToken, token } from "./api.js";
+import { Poller } from "./util.js";
 import { ChartPanel } from "./chart.js";
 import { HallView } from "./hall.js";
 import { IngestView } from "./ingest.js";
@@ -9,6 +10,7 @@ import { VirtualView } from "./virtual.js";
 const $ = (id) => document.getElementById(id);
 const VIEWS = ["charts", "hall", "virtual", "ingest"];
 const TREE_REFRESH_MS = 15000;
+const TREE_EMPTY_RETRY_MS = 2000; // a fresh installation: show the first sensors as they arrive
 
 let current = null;
 
@@ -133,8 +135,11 @@ async function boot() {
     }
   }
   route();
-  await tree.load();
-  setInterval(() => { if (!document.hidden) tree.load(); }, TREE_REFRESH_MS);
+  const treePoller = new Poller(async () => {
+    await tree.load();
+    treePoller.setPeriod(tree.isEmpty() ? TREE_EMPTY_RETRY_MS : TREE_REFRESH_MS);
+  }, TREE_EMPTY_RETRY_MS);
+  treePoller.start();
 }
 
 if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);

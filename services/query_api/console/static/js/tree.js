@@ -65,6 +65,10 @@ export class SensorTree {
     if (!this.query && this.signature() !== before) this.render();
   }
 
+  isEmpty() {
+    return !this.top?.children?.length;
+  }
+
   signature() {
     return [...this.nodes.values()].map((n) => `${n.name}${n.expanded ? "+" : ""}`).join("\n");
   }

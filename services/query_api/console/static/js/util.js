@@ -116,6 +116,7 @@ export class Poller {
     this.timer = null;
     this.running = false;
     this.busy = false;
+    this.again = false;
     document.addEventListener("visibilitychange", () => {
       if (this.running && !document.hidden) this.kick();
     });
