@@ -13,7 +13,6 @@ down) or a commit is far behind, it asks the transports to stop reading
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import numpy as np
 from services.collect_agent import spool_format as fmt
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.spool import Item, Spool, SpoolError
+from services.collect_agent.tasks import cancel
 from services.common import codec
 from services.common.cache import SensorCache
 from services.common.errors import PayloadError, SensorNameError
@@ -120,11 +120,8 @@ class Ingestor:
 
     async def stop(self) -> None:
         """Commit what is gathered (so its acks go out), then stop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._committing is not None:
             await asyncio.shield(self._committing)
         await self._commit(self._take())

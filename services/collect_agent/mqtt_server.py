@@ -30,6 +30,7 @@ import numpy as np
 from services.collect_agent import mqtt_packets as mp
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics
+from services.collect_agent.tasks import cancel
 from services.common.logs import RateLimitedLog
 from services.common.net import bind_tcp, bound_port
 
@@ -329,10 +330,7 @@ class MqttServer:
         if self._server is None:
             return
         self._server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await cancel(self._sweeper)
         for conn in list(self.conns):
             if conn.level == 5 and conn.connected:
                 conn.write(mp.disconnect(mp.RC_SERVER_SHUTTING_DOWN))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.collect_agent import spool_format as fmt
+from services.collect_agent.tasks import cancel
 from services.common.errors import KelvinError
 from services.common.readings import Batch
 from services.common.sensors import JobRecord, SensorMetadata
@@ -123,11 +124,8 @@ class Spool:
             self._fsync_task = asyncio.create_task(self._fsync_loop(), name="spool-fsync")
 
     async def close(self) -> None:
-        if self._fsync_task is not None:
-            self._fsync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._fsync_task
-            self._fsync_task = None
+        await cancel(self._fsync_task)
+        self._fsync_task = None
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._io, self._close_files)
         self._io.shutdown(wait=True)

@@ -13,7 +13,6 @@ without sharing: every agent needs every sensor's scale.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -28,6 +27,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.settings import BrokerSettings
+from services.collect_agent.tasks import cancel
 from services.common import codec, names
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,8 @@ class Subscriber:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     def info(self) -> dict[str, Any]:
         s = self.settings

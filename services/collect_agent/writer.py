@@ -12,7 +12,6 @@ and logged, never silently lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from pathlib import Path
 from services.collect_agent import spool_format as fmt
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.spool import Entry, Item, Spool
+from services.collect_agent.tasks import cancel
 from services.common.errors import PermanentStorageError, RetryableStorageError
 from services.common.logs import RateLimitedLog
 from services.common.readings import Batch
@@ -77,9 +77,7 @@ class Writer:
             if self._task.done() or self.failing_since is not None:
                 break  # storage is down: waiting cannot drain anything
             await asyncio.sleep(0.02)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel(self._task)
         self._task = None
         if self.spool.pending_records:
             log.warning(
