@@ -174,6 +174,11 @@ def test_pick_a_sensor_in_the_tree_and_see_the_chart_draw(
     ).json()["unit"]
     legend = pg.locator(".u-legend").inner_text()
     assert f"{INLET} [{unit}]" in legend
+    # The download link gives the charted readings as CSV.
+    href = pg.locator("#chart-csv").get_attribute("href")
+    csv = httpx.get(f"{demo.url('query_api')}{href}", timeout=10)
+    assert csv.status_code == 200 and csv.text.startswith("Sensor,Time,")
+    assert csv.text.count(f"{INLET},") >= 5
     # The address bar keeps what is charted (shareable).
     assert "s=%2Fhall%2Frow0%2Frack0%2Fnode0%2Finlet_temp" in pg.evaluate("location.hash")
     # Search narrows the tree to matches; Enter in the box moves into the results.

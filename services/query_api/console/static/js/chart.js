@@ -3,11 +3,11 @@ import { readings, nsString } from "./api.js";
 import { PALETTE, Poller, fmtInt, h } from "./util.js";
 
 const TARGET_POINTS = 1000; // about one per horizontal pixel: resample longer ranges server-side
-const GAP_FACTOR = 3; // a step this many times the usual one breaks the line
+const GAP_FACTOR = 3; // a step this many times the usual one (90th percentile) breaks the line
 
 export class ChartPanel {
   constructor(els, onChange) {
-    this.els = els; // {chart, chosen, empty, status, range, custom, start, end, apply, live, reset, clear}
+    this.els = els; // {chart, chosen, empty, status, range, custom, start, end, apply, live, reset, clear, csv}
     this.onChange = onChange;
     this.sensors = []; // [{name, colour}]
     this.range = { kind: "relative", seconds: 300 };
@@ -55,6 +55,7 @@ export class ChartPanel {
 
   changed() {
     this.renderChips();
+    this.updateCsvLink();
     this.onChange?.();
     this.poller.kick();
     this.schedule();
@@ -91,6 +92,7 @@ export class ChartPanel {
       this.els.end.value = localInput(range.endMs);
       this.els.reset.hidden = false;
     }
+    this.updateCsvLink();
     this.onChange?.();
     this.poller.kick();
     this.schedule();
@@ -102,6 +104,21 @@ export class ChartPanel {
     const opt = h("option", { value: String(seconds) }, `last ${label}`);
     this.els.range.insertBefore(opt, this.els.range.querySelector("option[value=custom]"));
     this.els.range.value = String(seconds);
+  }
+
+  /** The download link asks the query API for exactly what is charted, as CSV. */
+  updateCsvLink() {
+    const a = this.els.csv;
+    a.hidden = this.sensors.length === 0;
+    if (a.hidden) return;
+    const q = this.query();
+    const params = new URLSearchParams();
+    for (const s of this.sensors) params.append("sensor", s.name);
+    params.set("start", q.start);
+    if (q.end) params.set("end", q.end);
+    if (q.interval) params.set("interval", q.interval);
+    params.set("format", "csv");
+    a.href = `/api/v1/readings?${params}`;
   }
 
   onRangeSelect() {
@@ -284,7 +301,9 @@ function toTable(r) {
   if (n < 3) return [ts.map((t) => t / 1e9), vs.slice()];
   const steps = [];
   for (let i = 1; i < n; i++) steps.push(ts[i] - ts[i - 1]);
-  const usual = steps.slice().sort((a, b) => a - b)[steps.length >> 1];
+  // The 90th percentile, not the median: a sensor published on change (bursts, then quiet)
+  // must not be cut at every quiet spell, while a real outage is still far longer.
+  const usual = steps.slice().sort((a, b) => a - b)[Math.floor(steps.length * 0.9)];
   const xs = [ts[0] / 1e9], ys = [vs[0]];
   for (let i = 1; i < n; i++) {
     if (usual > 0 && steps[i - 1] > GAP_FACTOR * usual) {

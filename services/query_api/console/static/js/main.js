@@ -18,6 +18,7 @@ const chart = new ChartPanel({
   chart: $("chart"), chosen: $("chosen"), empty: $("chart-empty"), status: $("chart-status"),
   range: $("range"), custom: $("custom-range"), start: $("range-start"), end: $("range-end"),
   apply: $("range-apply"), live: $("live"), reset: $("zoom-reset"), clear: $("chart-clear"),
+  csv: $("chart-csv"),
 }, () => {
   tree.setCharted(chart.colours());
   if (current === "charts") writeHash();
