@@ -201,7 +201,7 @@ class QueryApiService(HttpService):
                 await self.definer
             self.definer = None
         self.metrics.up.set(0)
-        self.ctx.detach()
+        await self.ctx.aclose()
         if self.storage is not None:
             await self.storage.close()
             self.storage = None

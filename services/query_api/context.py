@@ -32,6 +32,9 @@ class ApiMetrics:
         self.virtual_reused = metrics.counter(
             "virtual_points_reused_total", "Virtual-sensor points served from stored results"
         )
+        self.virtual_store_errors = metrics.counter(
+            "virtual_store_errors_total", "Virtual-sensor results that could not be stored"
+        )
         self.virtual_invalidations = metrics.counter(
             "virtual_invalidations_total", "Stored virtual ranges dropped because inputs changed"
         )
@@ -64,6 +67,14 @@ class ApiContext:
         engine = Engine(storage, self._catalog, self.settings, self.metrics)
         self.virtual = engine
         self._reader = Reader(storage, self._catalog, engine, self.settings.max_points)
+
+    async def aclose(self) -> None:
+        """Finish background work (stores of virtual results), then detach."""
+        from services.query_api.virtual.engine import Engine
+
+        if isinstance(self.virtual, Engine):
+            await self.virtual.close()
+        self.detach()
 
     def detach(self) -> None:
         self._storage = self._catalog = self._reader = None

@@ -47,18 +47,21 @@ def csv_header(label: str) -> bytes:
     return f"Sensor,Time,{label}\n".encode()
 
 
-def csv_body(results: Iterable[Result], chunk: int, iso: bool = True) -> Iterator[bytes]:
+def csv_body(
+    results: Iterable[Result], chunk: int, iso: bool = True, header: bool = True
+) -> Iterator[bytes]:
     """DCDB CSV: one ``Sensor,Time,<label>`` header, repeated only when the label changes."""
     label: str | None = None
     for r in results:
         if r.label != label:
             label = r.label
-            yield csv_header(label)
+            if header:
+                yield csv_header(label)
         for i in range(0, len(r), chunk):
             yield csvfast.lines(
                 r.sensor, r.timestamps_ns[i : i + chunk], r.values[i : i + chunk], iso
             )
-    if label is None:
+    if label is None and header:
         yield csv_header("Value")
 
 

@@ -33,6 +33,9 @@ class Settings(SectionSettings):
     """Range read when a request names no start: ``now - default_range_s`` to now."""
     stream_chunk_points: int = Field(65_536, ge=1024)
     """Readings per chunk when streaming a response (memory per request stays bounded)."""
+    stream_pieces: int = Field(8, ge=1, le=1024)
+    """A plain readings request is read in this many time slices, each read while the
+    previous one is sent (see services/query_api/stream.py)."""
     max_points: int = Field(50_000_000, ge=1)
     """Largest number of readings (or virtual grid points) one request may produce."""
     import_max_bytes: int = Field(256 * 1024 * 1024, ge=1024)
@@ -43,6 +46,8 @@ class Settings(SectionSettings):
     virtual_settle_s: float = Field(10.0, ge=0)
     """Results newer than ``now - virtual_settle_s`` are computed but not stored, because
     their inputs are probably still arriving."""
+    virtual_memory_points: int = Field(5_000_000, ge=0)
+    """Virtual-sensor results kept in memory (16 bytes each) in front of the stored ones."""
     virtual_max_depth: int = Field(8, ge=1)
     """Deepest nesting of virtual sensors on other virtual sensors."""
     virtual_sensors: dict[str, dict[str, Any]] = {}

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from services.common import names
-from services.query_api import csvimport, encode
+from services.common.readings import Series
+from services.query_api import csvimport, encode, stream
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
 from services.query_api.csvimport import CsvError, PayloadTooLarge
-from services.query_api.query import QueryError, Result
+from services.query_api.query import QueryError, Result, apply
 from services.query_api.routes.common import auth, interval, time_range
+from services.query_api.spec import Spec
 
 SENSOR_DOC = (
     "Sensor specification as DCDB's query tool takes it: `/a/power`, `/a/power@kW` (unit), "
@@ -70,6 +72,8 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> StreamingResponse:
         ctx.metrics.requests.labels("readings").inc()
         start_ns, end_ns = time_range(ctx, start, end)
+        if end_ns <= start_ns:
+            raise QueryError(f"empty time range: start {start_ns} is not before end {end_ns}")
         step = interval(interval_)
         parsed = [specs.parse(s) for s in sensor]
         if format == "json" and (len(parsed) != 1 or parsed[0].has_wildcard):
@@ -77,17 +81,71 @@ def router(ctx: ApiContext) -> APIRouter:
                 "format=json answers exactly one sensor without wildcards; "
                 "use format=csv for several"
             )
-        results: list[Result] = []
-        for p in parsed:
-            results.extend(await ctx.reader.run(p, start_ns, end_ns, step, agg))
-        ctx.metrics.points.inc(sum(len(x) for x in results))
-        chunk = ctx.settings.stream_chunk_points
-        body: Iterator[bytes]
+        plain = [
+            stream.is_plain(p) and step is None and await ctx.catalog.virtual(p.sensor) is None
+            for p in parsed
+        ]
+        answers: list[list[Result] | Spec] = []
+        for p, simple in zip(parsed, plain, strict=True):
+            if simple:
+                await ctx.reader.resolve(p)  # unknown sensors fail before the body starts
+                answers.append(p)
+            else:
+                answers.append(await ctx.reader.run(p, start_ns, end_ns, step, agg))
+        pieces = ctx.settings.stream_pieces
         if format == "json":
-            body = encode.json_body(results[0], start_ns, end_ns, chunk)
-            return StreamingResponse(body, media_type="application/json")
-        body = encode.csv_body(results, chunk, iso=time_format == "iso")
-        return StreamingResponse(body, media_type="text/csv; charset=utf-8")
+            first = answers[0]
+            if isinstance(first, Spec):
+                head = await _empty_result(first)
+                parts = _counted(stream.pieces(ctx.reader, first, start_ns, end_ns, pieces))
+                body = stream.json_body(head, parts, start_ns, end_ns)
+                return StreamingResponse(body, media_type="application/json")
+            ctx.metrics.points.inc(len(first[0]))
+            chunk = ctx.settings.stream_chunk_points
+            return StreamingResponse(
+                encode.json_body(first[0], start_ns, end_ns, chunk), media_type="application/json"
+            )
+        return StreamingResponse(
+            _csv(answers, start_ns, end_ns, time_format == "iso"),
+            media_type="text/csv; charset=utf-8",
+        )
+
+    async def _empty_result(p: Spec) -> Result:
+        unit = await ctx.catalog.unit(p.sensor) or ""
+        return apply(p, p.sensor, unit, Series.empty(p.sensor), 0, None, "avg")
+
+    async def _counted(parts: AsyncIterator[Result]) -> AsyncIterator[Result]:
+        async for part in parts:
+            ctx.metrics.points.inc(len(part))
+            yield part
+
+    async def _csv(
+        answers: list[list[Result] | Spec], start_ns: int, end_ns: int, iso: bool
+    ) -> AsyncIterator[bytes]:
+        label: str | None = None
+        for answer in answers:
+            if isinstance(answer, Spec):
+                head = await _empty_result(answer)
+                if head.label != label:
+                    label = head.label
+                    yield encode.csv_header(label)
+                parts = stream.pieces(
+                    ctx.reader, answer, start_ns, end_ns, ctx.settings.stream_pieces
+                )
+                async for chunk in stream.csv_lines(_counted(parts), iso):
+                    yield chunk
+                continue
+            for result in answer:
+                ctx.metrics.points.inc(len(result))
+                if result.label != label:
+                    label = result.label
+                    yield encode.csv_header(label)
+                for chunk in encode.csv_body(
+                    [result], ctx.settings.stream_chunk_points, iso, header=False
+                ):
+                    yield chunk
+        if label is None:
+            yield encode.csv_header("Value")
 
     @r.post(
         "/import",

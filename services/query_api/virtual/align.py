@@ -32,27 +32,22 @@ def interpolate(
     ts_ns: Int64Array, values: Float64Array, at_ns: Int64Array, max_gap_ns: int
 ) -> Float64Array:
     """Values of the series at ``at_ns`` (see module docstring). NaN readings are gaps."""
-    out = np.full(at_ns.shape[0], np.nan)
     ok = ~np.isnan(values)
     if not bool(ok.all()):
         ts_ns, values = ts_ns[ok], values[ok]
-    n = ts_ns.shape[0]
-    if n == 0 or at_ns.shape[0] == 0:
-        return out
-    right = np.searchsorted(ts_ns, at_ns, side="left")
-    exact = right < n
-    exact[exact] = ts_ns[right[exact]] == at_ns[exact]
-    inner = (right > 0) & (right < n) & ~exact
-    if bool(inner.any()):
-        r = right[inner]
+    n, m = ts_ns.shape[0], at_ns.shape[0]
+    if n == 0 or m == 0:
+        return np.full(m, np.nan)
+    # np.interp works in float64: relative to the first reading, ns stay exact for 104 days
+    base = ts_ns[0]
+    out: Float64Array = np.interp(
+        (at_ns - base).astype(np.float64), (ts_ns - base).astype(np.float64), values
+    )
+    out[(at_ns < ts_ns[0]) | (at_ns > ts_ns[-1])] = np.nan  # never extrapolate
+    if n > 1 and bool((np.diff(ts_ns) > max_gap_ns).any()):
+        r = np.clip(np.searchsorted(ts_ns, at_ns, side="left"), 1, n - 1)
         t0, t1 = ts_ns[r - 1], ts_ns[r]
-        span = t1 - t0
-        usable = span <= max_gap_ns
-        frac = (at_ns[inner] - t0) / span
-        v0, v1 = values[r - 1], values[r]
-        out_inner = np.where(usable, v0 + (v1 - v0) * frac, np.nan)
-        out[inner] = out_inner
-    out[exact] = values[right[exact]]
+        out[(t1 - t0 > max_gap_ns) & (at_ns != t0) & (at_ns != t1)] = np.nan
     return out
 
 

@@ -34,6 +34,7 @@ from services.query_api.catalog import Catalog
 from services.query_api.query import QueryError
 from services.query_api.settings import Settings
 from services.query_api.virtual import align, define, parser
+from services.query_api.virtual.cache import BackgroundWriter, MemoryTier, Segment, slice_segments
 from services.query_api.virtual.evaluate import Evaluator
 
 MIN_NS, MAX_NS = -(2**63), 2**63 - 1
@@ -70,6 +71,12 @@ class Engine:
         self._compiled: dict[str, Compiled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._verified: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self.memory = MemoryTier(settings.virtual_memory_points)
+        self.writer = BackgroundWriter(storage, metrics)
+
+    async def close(self) -> None:
+        """Finish the background stores."""
+        await self.writer.close()
 
     # ------------------------------------------------------------------ definitions
     async def compiled(self, name: str) -> Compiled:
@@ -105,7 +112,7 @@ class Engine:
             return defn
         if await self.catalog.virtual(name) is not None:
             for dep in [name, *await self.dependents(name)]:
-                await self.storage.invalidate_virtual(dep, MIN_NS, MAX_NS)
+                await self.forget(dep)
         await self.storage.put_virtual(name, defn)
         self.catalog.invalidate()
         return defn
@@ -118,9 +125,17 @@ class Engine:
             raise define.DefinitionError(
                 f"virtual sensor {name!r} is used by {', '.join(users)}; delete or redefine those first"
             )
+        await self.forget(name)
         await self.storage.delete_virtual(name)
         self.catalog.invalidate()
         self._compiled.pop(name, None)
+
+    async def forget(self, name: str) -> None:
+        """Drop every result of ``name``: queued, in memory and stored."""
+        self.writer.discard(name)
+        await self.writer.flush()
+        self.memory.drop_all(name)
+        await self.storage.invalidate_virtual(name, MIN_NS, MAX_NS)
 
     async def dependents(self, name: str) -> list[str]:
         """Virtual sensors that read ``name``, directly or through others."""
@@ -164,15 +179,27 @@ class Engine:
             )
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
+            mem = self.memory.covering(name, comp.updated_ns, g0, end_ns)
+            if mem is not None and await self._memory_fresh(name, comp, mem):
+                ts, vs = slice_segments(mem, g0, end_ns)
+                self.metrics.virtual_reused.inc(ts.shape[0])
+                return Series(name, ts, vs)
             stored = await self._fresh_results(name, comp, g0, end_ns)
             parts_ts: list[Int64Array] = [stored.series.timestamps_ns]
             parts_vs: list[Float64Array] = [stored.series.values]
+            oldest = min(stored.computed_at_ns, default=MAX_NS)
             self.metrics.virtual_reused.inc(len(stored.series))
+            cutoff = await self._cutoff(name, comp)
             for a, b in _missing(g0, end_ns, stored.covered):
                 computed_at = time.time_ns()
+                oldest = min(oldest, computed_at)
                 ts, vs = await self._compute(name, comp, a, b, stack)
                 self.metrics.virtual_computed.inc(ts.shape[0])
-                await self._store(name, comp, a, b, ts, vs, computed_at)
+                if min(b, cutoff) > a:
+                    keep = ts < cutoff
+                    await self.writer.submit(
+                        name, a, min(b, cutoff), ts[keep], vs[keep], computed_at
+                    )
                 parts_ts.append(ts)
                 parts_vs.append(vs)
         ts = np.concatenate(parts_ts)
@@ -180,7 +207,42 @@ class Engine:
         if len(parts_ts) > 1:
             order = np.argsort(ts, kind="stable")
             ts, vs = ts[order], vs[order]
+        settled = min(end_ns, cutoff)
+        if settled > g0:
+            keep = ts < settled
+            self.memory.put(name, Segment(g0, settled, oldest, comp.updated_ns, ts[keep], vs[keep]))
         return Series(name, ts, vs)
+
+    async def _memory_fresh(self, name: str, comp: Compiled, segs: list[Segment]) -> bool:
+        """True when no input changed under the segments since they were computed."""
+        checked_at = time.time_ns()
+        since = min(self._since(name, s.start, s.computed_at) for s in segs)
+        leaves, _ = await define.reach(self.catalog, name, self.settings.virtual_max_depth)
+        changed = await self.storage.modified_since(leaves, since)
+        if changed:
+            stale_from = min(changed.values()) - await self._reach_ns(name, comp)
+            if stale_from < max(s.end for s in segs):
+                await self._invalidate_chain(name, stale_from)
+                return False
+        for s in segs:
+            self._mark(name, s.start, s.computed_at, checked_at)
+        return True
+
+    def _since(self, name: str, start: int, computed_at: int) -> int:
+        """Writes after this time can have changed the results (see module docstring)."""
+        verified = self._verified.get((name, start, computed_at))
+        return computed_at if verified is None else max(computed_at, verified - CHECK_OVERLAP_NS)
+
+    def _mark(self, name: str, start: int, computed_at: int, checked_at: int) -> None:
+        self._verified[(name, start, computed_at)] = checked_at
+        self._verified.move_to_end((name, start, computed_at))
+        while len(self._verified) > 100_000:
+            self._verified.popitem(last=False)
+
+    async def _cutoff(self, name: str, comp: Compiled) -> int:
+        """Results before this time are settled: stored and kept in memory."""
+        settle = max(round(self.settings.virtual_settle_s * 1e9), await self._reach_ns(name, comp))
+        return time.time_ns() - settle
 
     async def _fresh_results(self, name: str, comp: Compiled, g0: int, end_ns: int) -> Any:
         """Stored results for the range, after dropping what late input data made stale."""
@@ -189,7 +251,7 @@ class Engine:
             return stored
         checked_at = time.time_ns()
         since = min(
-            max(c, self._verified.get((name, a, c), MIN_NS + CHECK_OVERLAP_NS) - CHECK_OVERLAP_NS)
+            self._since(name, a, c)
             for (a, _), c in zip(stored.covered, stored.computed_at_ns, strict=True)
         )
         leaves, _ = await define.reach(self.catalog, name, self.settings.virtual_max_depth)
@@ -201,10 +263,7 @@ class Engine:
                 await self._invalidate_chain(name, stale_from)
                 stored = await self.storage.read_virtual_results(name, g0, end_ns)
         for (a, _), c in zip(stored.covered, stored.computed_at_ns, strict=True):
-            self._verified[(name, a, c)] = checked_at
-            self._verified.move_to_end((name, a, c))
-        while len(self._verified) > 100_000:
-            self._verified.popitem(last=False)
+            self._mark(name, a, c, checked_at)
         return stored
 
     async def _invalidate_chain(self, name: str, from_ns: int) -> None:
@@ -262,23 +321,6 @@ class Engine:
 
         values = await Evaluator(ext.shape[0], iv, fetch, expansions).run(comp.tree)
         return pts, comp.to_result.apply(values[comp.lead :])
-
-    async def _store(
-        self,
-        name: str,
-        comp: Compiled,
-        a: int,
-        b: int,
-        ts: Int64Array,
-        vs: Float64Array,
-        computed_at: int,
-    ) -> None:
-        settle = max(round(self.settings.virtual_settle_s * 1e9), await self._reach_ns(name, comp))
-        cutoff = min(b, time.time_ns() - settle)
-        if cutoff <= a:
-            return
-        keep = ts < cutoff
-        await self.storage.write_virtual_results(name, a, cutoff, ts[keep], vs[keep], computed_at)
 
 
 def _missing(start: int, end: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:

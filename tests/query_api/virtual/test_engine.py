@@ -13,6 +13,7 @@ from services.common import times
 from services.common.readings import Series
 from services.common.storage.base import StorageBackend
 from services.query_api.app import create_service
+from services.query_api.virtual.engine import Engine
 from tests.query_api.conftest import T0, Api, S, make_config
 
 PUE = '("/a/power" + "/b/power") / "/it/power"'
@@ -82,6 +83,22 @@ async def test_second_query_reads_no_input(api: Api, counting: CountingStorage) 
     m = (await api.client.get("/metrics")).text
     assert metric(m, "kelvin_query_api_virtual_points_computed_total") == 11
     assert metric(m, "kelvin_query_api_virtual_points_reused_total") == 11
+
+
+async def test_stored_results_serve_a_fresh_engine(api: Api, counting: CountingStorage) -> None:
+    """What a restarted (or another) query API finds: the written-back results, not memory."""
+    await hall(api)
+    await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    first = await get(api, "/pue", 0, 11)
+    engine = api.service.ctx.virtual
+    assert isinstance(engine, Engine)
+    await engine.writer.flush()
+    stored = await api.storage.read_virtual_results("/pue", T0, T0 + 11 * S)
+    assert stored.covered == [(T0, T0 + 11 * S)] and len(stored.series) == 11
+    api.service.ctx.attach(counting)  # type: ignore[arg-type]  # a new engine, empty memory
+    counting.reads.clear()
+    assert await get(api, "/pue", 0, 11) == first
+    assert counting.reads == []
 
 
 async def test_only_missing_sub_ranges_are_computed(api: Api, counting: CountingStorage) -> None:

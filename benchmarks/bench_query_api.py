@@ -1,0 +1,253 @@
+"""Query API: readings over HTTP beside the raw storage read; virtual sensors cold and warm.
+
+1. One sensor with 1M readings (SQLite): ``StorageBackend.read`` in-process
+   (the reference) beside ``GET /api/v1/readings`` as JSON and as CSV, fetched
+   from a query API running as its own process (``kelvin run query-api``) by a
+   raw-socket HTTP client (httpx would measure itself).
+2. A virtual sensor over 10 inputs x 100k readings: reading the 10 inputs
+   (the reference) beside the first evaluation (cold: read, align, compute,
+   write back) and the second (warm: stored results).
+
+Goals: API <= 2x the raw read; cold <= 3x reading the inputs; warm >= 10x
+faster than cold. Medians of 3 runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+
+from services.common.metrics import ServiceMetrics
+from services.common.readings import Batch
+from services.common.sensors import SensorMetadata
+from services.common.storage.settings import SqliteSettings
+from services.common.storage.sqlite import SqliteStorage
+from services.query_api.context import ApiContext
+from services.query_api.settings import Settings
+from services.query_api.virtual.define import VirtualIn
+from services.query_api.virtual.engine import Engine
+
+S = 1_000_000_000
+RUNS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str, params: dict[str, str]) -> tuple[int, int]:
+    """GET with a plain socket; returns (HTTP status, body bytes incl. chunk framing)."""
+    request = (
+        f"GET {path}?{urlencode(params)} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    ).encode()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    total = 0
+    head = b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request)
+        while True:
+            n = sock.recv_into(view)
+            if n == 0:
+                break
+            if len(head) < 64:
+                head += bytes(view[: min(n, 64)])
+            total += n
+    return int(head.split(b" ", 2)[1]), total
+
+
+def _median(fn: Callable[[], Any]) -> float:
+    times_s = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        fn()
+        times_s.append(time.perf_counter() - t)
+    return statistics.median(times_s)
+
+
+async def _amedian(
+    fn: Callable[[], Awaitable[Any]], before: Callable[[], Awaitable[Any]] | None = None
+) -> float:
+    times_s = []
+    for _ in range(RUNS):
+        if before is not None:
+            await before()
+        t = time.perf_counter()
+        await fn()
+        times_s.append(time.perf_counter() - t)
+    return statistics.median(times_s)
+
+
+def _serve(db: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KELVIN_STORAGE_SQLITE__PATH": str(db),
+        "KELVIN_QUERY_API_PORT": str(port),
+        "KELVIN_QUERY_API_HOST": "127.0.0.1",
+        "KELVIN_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "run", "query-api"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if http_get(port, "/readyz", {})[0] == 200:
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("query API did not start")
+
+
+async def _readings(tmp: Path, n: int) -> list[tuple[str, float, str]]:
+    db = tmp / "read.sqlite"
+    st = SqliteStorage(SqliteSettings(path=db))
+    await st.open()
+    t0 = (time.time_ns() // S - n - 3600) * S
+    ts = t0 + np.arange(n, dtype=np.int64) * S
+    vs = np.round(np.random.default_rng(1).normal(250, 40, n), 3)
+    name = "/hall/row0/rack0/node0/power"
+    for i in range(0, n, 100_000):
+        await st.write(Batch.single(name, ts[i : i + 100_000], vs[i : i + 100_000]))
+    await st.put_metadata(SensorMetadata(name=name, unit="W"))
+    raw = await _amedian(lambda: st.read(name, t0, t0 + n * S))
+    await st.close()
+    port = _free_port()
+    proc = _serve(db, port)
+    rows = [("raw storage read (in-process)", raw, "1.00")]
+    try:
+        params = {"sensor": name, "start": str(t0), "end": str(t0 + n * S)}
+        for fmt in ("json", "csv"):
+            status, _ = http_get(port, "/api/v1/readings", {**params, "format": fmt})
+            assert status == 200, status
+            took = _median(
+                lambda f=fmt: http_get(port, "/api/v1/readings", {**params, "format": f})
+            )  # type: ignore[misc]
+            size = http_get(port, "/api/v1/readings", {**params, "format": fmt})[1]
+            rows.append(
+                (
+                    f"GET /api/v1/readings {fmt.upper()} ({size / 1e6:.0f} MB)",
+                    took,
+                    f"{took / raw:.2f}",
+                )
+            )
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return rows
+
+
+async def _virtual(tmp: Path, n: int, inputs: int = 10) -> list[tuple[str, float, str]]:
+    st = SqliteStorage(SqliteSettings(path=tmp / "virtual.sqlite"))
+    await st.open()
+    t0 = (time.time_ns() // S - n - 3600) * S
+    rng = np.random.default_rng(2)
+    names = [f"/bench/in{k}/power" for k in range(inputs)]
+    for k, name in enumerate(names):
+        # half the inputs at 1 s, half at 2 s and in kW: alignment and conversion do work
+        step, unit, scale = (1, "W", 1.0) if k % 2 == 0 else (2, "kW", 1e-3)
+        ts = t0 + np.arange(0, n * step, step, dtype=np.int64) * S
+        await st.write(Batch.single(name, ts, rng.normal(300, 20, n) * scale))
+        await st.put_metadata(SensorMetadata(name=name, unit=unit))
+    settings = Settings(virtual_settle_s=0, max_points=10_000_000)
+    ctx = ApiContext(settings, ServiceMetrics("bench"), st)
+    engine = ctx.virtual
+    assert isinstance(engine, Engine)
+    expr = "(" + " + ".join(f'"{x}"' for x in names) + f") / {inputs}"
+    name = "/bench/avg_power"
+    await engine.put(name, VirtualIn(expression=expr, unit="W"))
+    start, end = t0, t0 + n * S
+
+    async def read_inputs() -> None:
+        for x in names:
+            await st.read(x, start, end)
+
+    async def evaluate() -> int:
+        return len(await engine.evaluate(name, start, end))
+
+    async def evaluate_and_store() -> None:
+        await evaluate()
+        await engine.writer.flush()
+
+    async def forget() -> None:
+        await engine.forget(name)
+
+    async def fresh_engine() -> None:
+        nonlocal engine
+        await engine.writer.flush()
+        ctx.attach(st)  # a new engine: nothing in memory, results only in storage
+        engine = ctx.virtual  # type: ignore[assignment]
+
+    ref = await _amedian(read_inputs)
+    cold = await _amedian(evaluate, forget)
+    cold_stored = await _amedian(evaluate_and_store, forget)
+    await forget()
+    points = await evaluate()
+    warm = await _amedian(evaluate)
+    warm_stored = await _amedian(evaluate, fresh_engine)
+    await engine.close()
+    await st.close()
+    assert points == n, points
+    rows = [
+        (f"read the {inputs} inputs ({inputs} x {n:,} readings)", ref, "1.00"),
+        (
+            f"cold: read, align, compute {points:,} points (store runs in the background)",
+            cold,
+            f"{cold / ref:.2f}",
+        ),
+        ("cold, waiting until the results are stored", cold_stored, f"{cold_stored / ref:.2f}"),
+        ("warm: results from the memory tier", warm, f"{warm / ref:.2f}"),
+        (
+            "warm, new engine: results read back from storage",
+            warm_stored,
+            f"{warm_stored / ref:.2f}",
+        ),
+    ]
+    return rows, cold / warm, cold / warm_stored  # type: ignore[return-value]
+
+
+def main(quick: bool) -> str:
+    n_read = 100_000 if quick else 1_000_000
+    n_virtual = 10_000 if quick else 100_000
+    with tempfile.TemporaryDirectory(prefix="kelvin-bench-qa-") as d:
+        tmp = Path(d)
+        read_rows = asyncio.run(_readings(tmp, n_read))
+        virtual_rows, speedup, speedup_stored = asyncio.run(_virtual(tmp, n_virtual))  # type: ignore[misc]
+    out = [
+        f"Readings of one sensor ({n_read:,} points); ratio = time / raw storage read (goal <= 2)",
+        "",
+        "| what | median s | ratio |",
+        "|---|---:|---:|",
+        *(f"| {w} | {t:.3f} | {r} |" for w, t, r in read_rows),
+        "",
+        f"Virtual sensor over 10 inputs (mixed 1 s / 2 s, W / kW); ratio = time / reading the inputs "
+        f"(goal cold <= 3). Warm is {speedup:.0f}x faster than cold from memory, "
+        f"{speedup_stored:.1f}x from storage (goal >= 10)",
+        "",
+        "| what | median s | ratio |",
+        "|---|---:|---:|",
+        *(f"| {w} | {t:.3f} | {r} |" for w, t, r in virtual_rows),
+    ]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(main(quick="--quick" in sys.argv))
