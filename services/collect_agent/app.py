@@ -67,7 +67,6 @@ class CollectAgent(HttpService):
         self.subscriber: Subscriber | None = None
         self.rates = Rates()
         self._tasks: list[asyncio.Task[Any]] = []
-        self._spool_failed = False
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
         install_error_handlers(app)
         app.include_router(health_router(self.metrics.service, self._ready))
@@ -98,6 +97,8 @@ class CollectAgent(HttpService):
         return self.cache
 
     def _ready(self) -> tuple[bool, str]:
+        if not self.ingestor.spool_ok:
+            return False, f"the spool in {self.spool.dir} refuses writes (disk full?)"
         if self.ingestor.paused:
             return False, "back-pressure: spool full, storage behind"
         return True, "ready"

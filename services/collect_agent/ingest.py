@@ -102,6 +102,8 @@ class Ingestor:
         self.paused = False
         self.on_pressure: list[Callable[[bool], None]] = []
         self.readings_spooled = 0
+        self.spool_ok = True
+        """False while the spool refuses writes (disk full, I/O error): not ready."""
         self.rejected: dict[str, int] = {}
         self._bad = RateLimitedLog(log)
         self._topics: dict[bytes, tuple[Any, str]] = {}
@@ -343,6 +345,7 @@ class Ingestor:
                 raise SpoolError(f"group commit failed: {exc}") from exc
             await self.spool.append(items)
         except SpoolError as exc:
+            self.spool_ok = False
             self.metrics.spool_errors.inc()
             log.error("%s; closing %d connections unacknowledged", exc, len(g.acks))
             for sink in g.acks:
@@ -352,6 +355,7 @@ class Ingestor:
                     fut.set_exception(exc)
             self._flush_rejects(g)
             return
+        self.spool_ok = True
         for sink, (q1, q2, codes) in g.acks.items():
             if q1 or q2:
                 sink.acked(q1, q2, codes)

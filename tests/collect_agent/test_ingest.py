@@ -96,7 +96,7 @@ async def test_spool_failure_acks_nothing_and_closes(tmp_path: Path) -> None:
     ing.receive_mqtt(sink, [pub("/f/a", codec.encode_dcdb([1], [TS0]), 1)], "test")
     fut = ing.receive_batch(Batch.single("/f/b", [TS0], [1.0]), 1, "http")
     await ing.stop()
-    assert sink.acks == [] and sink.failed
+    assert sink.acks == [] and sink.failed and not ing.spool_ok
     assert isinstance(fut.exception(), SpoolError)
     await spool.close()
 
