@@ -54,7 +54,8 @@ def router(core: AllocatorCore) -> APIRouter:
     async def submit(body: JobIn, dry_run: bool = False) -> Any:
         try:
             if dry_run:
-                return {"decision": core.book.dry_run(body.size, body.comm_share).as_dict()}
+                decision = core.book.dry_run(body.size, body.comm_share)
+                return JSONResponse({"decision": decision.as_dict()}, status_code=200)
             job = core.submit(body.size, body.runtime_s, body.comm_share, body.stretch, body.name)
         except ValueError as exc:
             counted.labels("unplaceable").inc()
@@ -104,7 +105,7 @@ def router(core: AllocatorCore) -> APIRouter:
     async def get_policy() -> dict[str, Any]:
         return {
             "policy": core.allocator.policy_name,
-            "min_mttf_years": core.allocator.min_mttf_years,
+            "mttf_bound_years": core.allocator.min_mttf_years,
             "available": {name: cls.summary for name, cls in sorted(REGISTRY.items())},
         }
 

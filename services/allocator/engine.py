@@ -140,16 +140,4 @@ def current(state: HallState) -> Thermal:
 def _outcome(
     nodes: list[int], cc: float, lf: float, power: float, th: Thermal, util: float
 ) -> Outcome:
-    return Outcome(
-        nodes=nodes,
-        cc=cc,
-        lf=lf,
-        node_power_w=power,
-        max_tin_c=th.max_tin_c,
-        supply_c=th.supply_c,
-        cop=th.cop,
-        computing_kw=th.computing_kw,
-        cooling_kw=th.cooling_kw,
-        min_mttf_years=th.min_mttf_years,
-        utilization=util,
-    )
+    return Outcome(nodes=nodes, cc=cc, lf=lf, node_power_w=power, utilization=util, **th.totals())

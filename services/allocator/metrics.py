@@ -52,7 +52,9 @@ class AllocatorMetrics(ServiceMetrics):
         if d.reason == "mttf":
             self.mttf_stalls.inc()
 
-    def hall(self, th: Thermal, busy: int, utilization: float, running: int, queued: int) -> None:
+    def hall(
+        self, th: Thermal, busy: int, utilization: float, running: float, queued: float
+    ) -> None:
         self.running.set(running)
         self.queued.set(queued)
         self.busy_nodes.set(busy)

@@ -59,6 +59,17 @@ class Thermal:
     min_mttf_years: float
     inlet_c: Float64Array = field(repr=False)
 
+    def totals(self) -> dict[str, float]:
+        """The hall-wide numbers by their reported names."""
+        return {
+            "max_tin_c": self.max_tin_c,
+            "supply_c": self.supply_c,
+            "cop": self.cop,
+            "computing_kw": self.computing_kw,
+            "cooling_kw": self.cooling_kw,
+            "min_mttf_years": self.min_mttf_years,
+        }
+
 
 class HallModel:
     """A hall plus the derived data placement needs (immutable; swap it to change D)."""

@@ -19,7 +19,7 @@ import numpy as np
 from services.allocator.engine import Allocator, current
 from services.allocator.jobs import Job, JobBook
 from services.allocator.metrics import AllocatorMetrics
-from services.allocator.model import HallModel
+from services.allocator.model import HallModel, Thermal
 from services.allocator.policies import PolicyOptions
 from services.allocator.publisher import DecisionPublisher
 from services.allocator.settings import Settings
@@ -184,26 +184,27 @@ class AllocatorCore:
 
     # ---------------------------------------------------------------- views
 
+    def _totals(self, th: Thermal) -> dict[str, float]:
+        return {
+            **th.totals(),
+            "utilization": self.book.state.utilization,
+            "running_jobs": len(self.book.running()),
+            "queued_jobs": len(self.book.queue),
+        }
+
     def publish_snapshot(self) -> None:
         th = current(self.book.state)
         state = self.book.state
-        running, queued = len(self.book.running()), len(self.book.queue)
-        self.metrics.hall(th, int(state.busy.sum()), state.utilization, running, queued)
-        now = time.time_ns()
-        self.publisher.offer_values(
-            now,
-            {
-                "max_tin_c": th.max_tin_c,
-                "supply_c": th.supply_c,
-                "cop": th.cop,
-                "computing_kw": th.computing_kw,
-                "cooling_kw": th.cooling_kw,
-                "utilization": state.utilization,
-                "min_mttf_years": th.min_mttf_years,
-                "running_jobs": float(running),
-                "queued_jobs": float(queued),
-            },
+        totals = self._totals(th)
+        self.metrics.hall(
+            th,
+            int(state.busy.sum()),
+            state.utilization,
+            totals["running_jobs"],
+            totals["queued_jobs"],
         )
+        now = time.time_ns()
+        self.publisher.offer_values(now, totals)
         if self.settings.publish_nodes:
             hall = state.model.hall
             rel = {
@@ -238,20 +239,10 @@ class AllocatorCore:
             "racks": hall.racks,
             "slots": hall.slots,
             "policy": self.allocator.policy_name,
-            "min_mttf_years": self.allocator.min_mttf_years,
+            "mttf_bound_years": self.allocator.min_mttf_years,
             "model": self.model_meta,
             "nodes": nodes,
-            "totals": {
-                "max_tin_c": th.max_tin_c,
-                "supply_c": th.supply_c,
-                "cop": th.cop,
-                "computing_kw": th.computing_kw,
-                "cooling_kw": th.cooling_kw,
-                "utilization": state.utilization,
-                "min_mttf_years": th.min_mttf_years,
-                "running_jobs": len(self.book.running()),
-                "queued_jobs": len(self.book.queue),
-            },
+            "totals": self._totals(th),
         }
 
     # ---------------------------------------------------------------- tasks

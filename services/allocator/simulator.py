@@ -159,20 +159,8 @@ class _Simulation:
     def _waiting_record(self, spec: JobSpec, status: str = "waiting") -> dict[str, Any]:
         th = current(self.state)
         rec = self._record(spec, status)
-        rec.update(
-            nodes=[],
-            utilization=self.state.utilization,
-            cc=None,
-            lf=None,
-            max_tin_c=th.max_tin_c,
-            supply_c=th.supply_c,
-            cop=th.cop,
-            computing_kw=th.computing_kw,
-            cooling_kw=th.cooling_kw,
-            min_mttf_years=th.min_mttf_years,
-            start_s=None,
-            wait_s=None,
-        )
+        rec.update(nodes=[], utilization=self.state.utilization, cc=None, lf=None, **th.totals())
+        rec.update(start_s=None, wait_s=None)
         return rec
 
     def _sample(self) -> None:
@@ -253,6 +241,9 @@ class _Simulation:
             "supply_c": th.supply_c,
             "mean_cc": float(np.mean(multi)) if multi else 0.0,
             "total_cc": float(np.sum(multi)) if multi else 0.0,
+            "sequence_cooling_kw": float(np.mean([r["cooling_kw"] for r in placed]))
+            if placed
+            else th.cooling_kw,
             "min_mttf_years": th.min_mttf_years,
         }
 

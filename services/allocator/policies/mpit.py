@@ -27,6 +27,7 @@ keys), scanning only D's non-zeros. Runner-ups are the best single swaps
 from __future__ import annotations
 
 import heapq
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -120,12 +121,13 @@ def keeps_peak(
 def solve_exact(
     view: View, rise: Float64Array, n: int, time_limit_s: float
 ) -> tuple[IntArray, bool] | None:
-    """The two-stage MILP; (nodes, proven optimal) or None when HiGHS found nothing.
+    """The two-stage MILP within ``time_limit_s`` in all; (nodes, proven optimal) or None.
 
     Shortcuts that keep the result exact: :func:`keeps_peak` first; the greedy
     answer bounds t from above (and settles stage 1 if it keeps today's peak);
     after stage 1, the cheapest admissible set can settle stage 2.
     """
+    deadline = time.monotonic() + time_limit_s
     free = view.free_idx
     m = len(free)
     cols = _Columns(view, rise)
@@ -173,7 +175,7 @@ def solve_exact(
         ],
         integrality=np.ones(m),
         bounds=Bounds(0.0, 1.0),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
+        options={"time_limit": max(0.05, deadline - time.monotonic()), "mip_rel_gap": 0.0},
     )
     if stage2.x is None:
         return upper, False
