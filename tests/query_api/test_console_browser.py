@@ -240,6 +240,13 @@ def test_hall_view_shows_the_allocators_busy_nodes(
         "() => document.querySelector('#hall-legend').textContent.includes('predicted')"
     )
     pg.screenshot(path=str(artifacts_dir / "console-hall-predicted.png"))
+    # The model's error per node: measured minus predicted, signed.
+    pg.locator("input[name=hall-colour][value=error]").check()
+    pg.wait_for_function(
+        "() => [...document.querySelectorAll('svg .node text:first-of-type')]"
+        ".every(t => /^[+−±][0-9.]+ °C$/.test(t.textContent))"
+    )
+    pg.screenshot(path=str(artifacts_dir / "console-hall-difference.png"))
     assert problems.items == []
 
 

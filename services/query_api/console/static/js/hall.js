@@ -6,6 +6,11 @@ const CELL_W = 78, CELL_H = 38, RACK_GAP = 16, PAD = 3, LABEL_W = 58;
 const COLD_H = 30, HOT_H = 44, RACK_LABEL_H = 14;
 const STALE_S = 30; // a measurement older than this is shown hatched
 const DEFAULT_REDLINE_C = 30;
+const MODE_LABEL = {
+  measured: "inlet, measured",
+  predicted: "inlet, predicted",
+  error: "measured − predicted inlet (the model's error)",
+};
 const TOTALS_PREFIX = "/kelvin/allocator"; // where the allocator publishes its totals (sensor_prefix)
 const TOTALS_CHARTED = ["cooling_kw", "computing_kw", "max_tin_c"];
 
@@ -191,8 +196,12 @@ export class HallView {
     const t = hall.totals || {};
     const redline = hall.redline_c ?? t.redline_c ?? DEFAULT_REDLINE_C;
     const temps = hall.nodes.filter((n) => n.present !== false).map((n) => this.tempOf(n)).filter((x) => x !== null);
-    const lo = Math.min(t.supply_c ?? 15, ...temps);
-    const hi = Math.max(redline, ...temps);
+    const errorMode = this.mode === "error";
+    // Temperatures from the supply to the redline; model errors symmetric around zero.
+    const span = Math.max(1, ...temps.map(Math.abs));
+    const lo = errorMode ? -span : Math.min(t.supply_c ?? 15, ...temps);
+    const hi = errorMode ? span : Math.max(redline, ...temps);
+    const show = (x) => (errorMode ? `${signed(x)} °C` : `${fmt(x)} °C`);
     const now = Date.now();
     let busy = 0;
     for (const n of hall.nodes) {
@@ -204,35 +213,38 @@ export class HallView {
       c.cell.setAttribute("fill", fill);
       c.t1.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
       c.t2.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
-      c.t1.textContent = absent ? "absent" : tin === null ? "no data" : `${fmt(tin)} °C`;
+      c.t1.textContent = absent ? "absent" : tin === null ? "no data" : show(tin);
       c.t2.textContent = absent ? "" : n.busy ? jobLabel(n.job) : "idle";
-      c.stale.setAttribute("visibility", !absent && this.mode === "measured" && tin === null ? "visible" : "hidden");
+      c.stale.setAttribute("visibility", !absent && this.mode !== "predicted" && tin === null ? "visible" : "hidden");
       c.g.dataset.index = String(n.index);
       c.g.dataset.busy = String(!!n.busy);
       c.g.dataset.job = n.busy && n.job !== null && n.job !== undefined ? String(n.job) : "";
       const m = this.measured.get(this.inletSensor(n));
       c.g.setAttribute("aria-label", `row ${n.row} rack ${n.rack} slot ${n.slot}: ${n.busy ? jobLabel(n.job) : "idle"}, `
-        + `inlet ${this.mode} ${tin === null ? "unknown" : `${fmt(tin)} °C`}${m ? `, measured ${fmtAge(m.tsNs, now)}` : ""}`);
+        + `${MODE_LABEL[this.mode]} ${tin === null ? "unknown" : show(tin)}${m ? `, measured ${fmtAge(m.tsNs, now)}` : ""}`);
       if (n.busy) busy += 1;
     }
     this.els.plan.dataset.busyCount = String(busy);
     this.drawOutlines(hall);
     this.renderTotals(hall, busy, redline);
-    this.renderLegend(lo, hi);
+    this.renderLegend(lo, hi, show);
     this.renderJobs(hall);
     this.renderDetail();
     this.els.name.textContent = hall.name ? `· ${hall.name}` : "";
     const stamp = new Date().toLocaleTimeString();
-    this.setStatus(this.mode === "measured" && this.measured.size === 0
+    this.setStatus(this.mode !== "predicted" && this.measured.size === 0
       ? `No inlet measurements in the last ${STALE_S * 2} s (is the datacenter plugin running?) · ${stamp}`
-      : `updated ${stamp}`, this.mode === "measured" && this.measured.size === 0 ? "warn" : "");
+      : `updated ${stamp}`, this.mode !== "predicted" && this.measured.size === 0 ? "warn" : "");
   }
 
+  /** The number a node is coloured by: measured or predicted inlet, or their difference. */
   tempOf(n) {
-    if (this.mode === "predicted") return Number.isFinite(n.predicted_tin_c) ? n.predicted_tin_c : null;
+    const predicted = Number.isFinite(n.predicted_tin_c) ? n.predicted_tin_c : null;
+    if (this.mode === "predicted") return predicted;
     const m = this.measured.get(this.inletSensor(n));
-    if (!m || Date.now() / 1000 - m.tsNs / 1e9 > STALE_S) return null;
-    return m.value;
+    const measured = !m || Date.now() / 1000 - m.tsNs / 1e9 > STALE_S ? null : m.value;
+    if (this.mode === "measured") return measured;
+    return measured === null || predicted === null ? null : measured - predicted;
   }
 
   /** One outline per run of neighbouring slots in a rack that run the same job. */
@@ -283,11 +295,11 @@ export class HallView {
     }
   }
 
-  renderLegend(lo, hi) {
+  renderLegend(lo, hi, show) {
     this.els.legend.replaceChildren(
-      h("div", {}, `Inlet temperature (${this.mode})`),
+      h("div", {}, MODE_LABEL[this.mode]),
       h("div", { class: "bar", style: { background: rampGradient() } }),
-      h("div", { class: "ends" }, h("span", {}, `${fmt(lo)} °C`), h("span", {}, `${fmt(hi)} °C`)),
+      h("div", { class: "ends" }, h("span", {}, show(lo)), h("span", {}, show(hi))),
     );
   }
 
@@ -346,4 +358,10 @@ export class HallView {
 /** "job 17" for a bare number, the allocator's id ("j17") as it is otherwise. */
 function jobLabel(job) {
   return job === null || job === undefined ? "job ?" : /^\d+$/.test(String(job)) ? `job ${job}` : String(job);
+}
+
+/** A difference with its sign: "+0.3", "−1.2", "±0.0" when it rounds to nothing. */
+function signed(x) {
+  const a = Math.abs(x);
+  return a < 0.05 ? "±0.0" : `${x > 0 ? "+" : "−"}${fmt(a)}`;
 }
