@@ -192,7 +192,7 @@ async def _virtual(tmp: Path, n: int, inputs: int = 10) -> list[tuple[str, float
 
     async def fresh_engine() -> None:
         nonlocal engine
-        await engine.writer.flush()
+        await engine.close()
         ctx.attach(st)  # a new engine: nothing in memory, results only in storage
         engine = ctx.virtual  # type: ignore[assignment]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from services.common import times
 from tests.query_api.conftest import T0, Api, S
@@ -101,3 +102,21 @@ async def test_bad_input_is_400_with_reason_and_counted(api: Api) -> None:
     metrics = (await api.client.get("/metrics")).text
     for reason in cases:
         assert f'kelvin_query_api_rejects_total{{reason="{reason}"}} 1.0' in metrics
+
+
+async def test_large_answers_stream_slice_by_slice_and_stay_exact(api: Api) -> None:
+    rng = np.random.default_rng(3)
+    ts_s = np.cumsum(rng.integers(1, 5_000, 20_000)) / 1000.0
+    vals = rng.normal(0, 1e6, 20_000)
+    await api.write("/big", ts_s, vals, unit="W")
+    params = {"sensor": "/big", "start": str(T0), "end": str(T0 + int(ts_s[-1] * S) + 1)}
+    body = (await api.client.get("/api/v1/readings", params=params)).json()
+    assert body["count"] == 20_000
+    assert body["timestamps_ns"] == (T0 + np.round(ts_s * S).astype(np.int64)).tolist()
+    assert body["values"] == vals.tolist()
+    kw = (await api.client.get("/api/v1/readings", params={**params, "sensor": "/big@kW"})).json()
+    assert kw["unit"] == "kW" and kw["values"] == pytest.approx((vals / 1000).tolist())
+    csv = (await api.client.get("/api/v1/readings", params={**params, "format": "csv"})).text
+    lines = csv.splitlines()
+    assert len(lines) == 20_001 and lines[0] == "Sensor,Time,Value"
+    assert [float(x.rsplit(",", 1)[1]) for x in lines[1:]] == vals.tolist()
