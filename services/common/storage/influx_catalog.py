@@ -50,8 +50,8 @@ from services.common.storage.influx_protocol import (
     line_tag,
     lines,
     name_of_tag,
-    parse_csv,
     prefix_regex,
+    read_csv_stream,
     string_literal,
     tag_value,
 )
@@ -229,11 +229,10 @@ class InfluxCatalog:
     async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
         ranges = await self._ranges(name, start_ns, end_ns)
         a, b = max(start_ns, MIN_TIME_NS), min(end_ns, MAX_TIME_NS + 1)
-        ts, vs = parse_csv(
-            await self.http.query_csv(
-                f'SELECT "value" FROM {self.data("vpoints")} WHERE "name" = '
-                f"{string_literal(tag_value(name))} AND time >= {a} AND time < {b}"
-            )
+        ts, vs = await self.http.query_csv(
+            f'SELECT "value" FROM {self.data("vpoints")} WHERE "name" = '
+            f"{string_literal(tag_value(name))} AND time >= {a} AND time < {b}",
+            lambda r: read_csv_stream(r.aiter_raw()),
         )
         return VirtualResults(
             covered=[(s, e) for s, e, _ in ranges],

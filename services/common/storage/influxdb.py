@@ -19,8 +19,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -42,8 +43,8 @@ from services.common.storage.influx_protocol import (
     identifier,
     lines,
     name_of_tag,
-    parse_csv,
     prefix_regex,
+    read_csv_stream,
     string_literal,
     tag_value,
 )
@@ -51,9 +52,7 @@ from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import InfluxSettings
 
 log = logging.getLogger(__name__)
-
-_PARSE_IN_THREAD_BYTES = 1 << 20
-"""CSV bodies above this are parsed off the event loop."""
+T = TypeVar("T")
 
 
 class InfluxStorage(StorageBackend):
@@ -148,30 +147,33 @@ class InfluxStorage(StorageBackend):
                 f"range [{MIN_TIME_NS}, {MAX_TIME_NS}] ns"
             )
 
-    def _head(self, sensor: str) -> str:
-        h = self._heads.get(sensor)
-        if h is None:
-            h = self._heads[sensor] = head(self.m, "sensor", sensor)
-        return h
+    def _make_head(self, sensor: str) -> str:
+        return head(self.m, "sensor", sensor)
+
+    def _cached(
+        self, cache: dict[str, T], make: Callable[[str], T], keys: Sequence[str]
+    ) -> list[T]:
+        """``[make(k) for k in keys]`` through ``cache`` (one C-level lookup when all hit)."""
+        try:
+            got = itemgetter(*keys)(cache)
+            return list(got) if len(keys) > 1 else [got]
+        except KeyError:
+            for k in keys:
+                if k not in cache:
+                    cache[k] = make(k)
+            return [cache[k] for k in keys]
 
     def _log_line(self, batch: Batch) -> str:
         """The write-log point of ``batch`` (see :mod:`.influx_catalog`)."""
         counts = batch.counts
         nonempty = np.flatnonzero(counts)
         mins = np.minimum.reduceat(batch.timestamps_ns, batch.offsets[:-1][nonempty])
-        hashes = np.fromiter(
-            (self._hash(batch.sensors[i]) for i in nonempty.tolist()), np.int64, nonempty.shape[0]
-        )
+        hashes = np.array(self._cached(self._hashes, ic.name_hash, batch.sensors), np.int64)
+        hashes = hashes[nonempty]
         now = max(time.time_ns(), self._last_log_ns + 1)  # unique per writer
         self._last_log_ns = now
         summary = ic.summarise(hashes, mins)
         return f"{self.m}_writes,writer={self._writer_id} {summary.fields()} {now}\n"
-
-    def _hash(self, sensor: str) -> int:
-        h = self._hashes.get(sensor)
-        if h is None:
-            h = self._hashes[sensor] = ic.name_hash(sensor)
-        return h
 
     async def write(self, batch: Batch) -> None:
         if len(batch) == 0:
@@ -179,7 +181,7 @@ class InfluxStorage(StorageBackend):
         self._validate(batch)
         started = time.perf_counter()
         text = lines(
-            [self._head(s) for s in batch.sensors],
+            self._cached(self._heads, self._make_head, batch.sensors),
             batch.counts.tolist(),
             batch.timestamps_ns,
             batch.values,
@@ -208,11 +210,9 @@ class InfluxStorage(StorageBackend):
             return Series.empty(sensor)
         started = time.perf_counter()
         async with self._sem:
-            body = await self.http.query_csv(self._select(sensor, a, b))
-        if len(body) > _PARSE_IN_THREAD_BYTES:
-            ts, vs = await asyncio.to_thread(parse_csv, body)
-        else:
-            ts, vs = parse_csv(body)
+            ts, vs = await self.http.query_csv(
+                self._select(sensor, a, b), lambda r: read_csv_stream(r.aiter_raw())
+            )
         self.metrics.read_points.labels(self.kind).inc(ts.shape[0])
         self.metrics.op_seconds.labels(self.kind, "read").observe(time.perf_counter() - started)
         return Series(sensor, ts, vs)

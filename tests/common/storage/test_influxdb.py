@@ -20,6 +20,7 @@ from services.common.storage.influx_protocol import (
     decode_values,
     encode_values,
     line_tag,
+    lines,
     name_of_tag,
     parse_csv,
     tag_value,
@@ -179,3 +180,12 @@ def test_launcher_moves_every_port(influx_servers: list[InfluxDB]) -> None:
     conf = Path(a.log_path).with_name("influxdb.conf").read_text()
     assert f'bind-address = "127.0.0.1:{a.rpc_port}"' in conf
     assert "reporting-enabled = false" in conf
+
+
+def test_lines_repeat_each_head_for_its_series_only() -> None:
+    ts, vs = np.array([1, 2]), np.array([1.0, math.inf])
+    assert lines(["a v=", "b v="], [0, 2], ts, vs) == [
+        "b v=1.0 1\n",
+        f"b v={SENTINELS['inf']!r} 2\n",
+    ]
+    assert lines(["a v=", "b v="], [1, 1], ts, vs)[0] == "a v=1.0 1\n"
