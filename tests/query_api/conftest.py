@@ -49,6 +49,17 @@ class Api:
             await self.storage.put_metadata(SensorMetadata(name=sensor, unit=unit))
 
 
+PUE = '("/a/power" + "/b/power") / "/it/power"'
+"""The issue's example: inputs 1 s and 2 s apart, in W and kW (see :func:`mixed_inputs`)."""
+
+
+async def mixed_inputs(api: Api) -> None:
+    """/a/power in W every 1 s; /b/power in kW every 2 s; /it/power in kW every 1 s."""
+    await api.write("/a/power", np.arange(11), 100 + 10 * np.arange(11.0), unit="W")
+    await api.write("/b/power", np.arange(0, 11, 2), [0.2, 0.4, 0.1, 0.3, 0.3, 0.5], unit="kW")
+    await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
+
+
 def make_config(tmp_path: Path, **query_api: object) -> Config:
     return Config(
         overrides={

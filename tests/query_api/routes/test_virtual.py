@@ -6,13 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from services.query_api.app import create_service
-from tests.query_api.conftest import T0, Api, S, make_config
-
-PUE = '("/a/power" + "/b/power") / "/it/power"'
+from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
 
 
 async def define(api: Api, name: str, expression: str, **extra: Any) -> httpx.Response:
@@ -36,15 +33,8 @@ async def values(
     return r.json()["values"]  # type: ignore[no-any-return]
 
 
-async def hall(api: Api) -> None:
-    """/a/power in W every 1 s; /b/power in kW every 2 s; /it/power in kW every 1 s."""
-    await api.write("/a/power", np.arange(11), 100 + 10 * np.arange(11.0), unit="W")
-    await api.write("/b/power", np.arange(0, 11, 2), [0.2, 0.4, 0.1, 0.3, 0.3, 0.5], unit="kW")
-    await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
-
-
 async def test_mixed_rates_and_units_hand_computed(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     r = await define(api, "/pue", PUE)
     assert r.status_code == 200, r.text
     d = r.json()
@@ -59,7 +49,7 @@ async def test_mixed_rates_and_units_hand_computed(api: Api) -> None:
 
 
 async def test_declared_unit_numbers_with_units_and_conversions(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     r = await define(api, "/total", '"/a/power" + "/b/power" + 1.5 kW', unit="kW")
     assert r.status_code == 200, r.text
     # t=0: 100 W + 200 W + 1500 W = 1.8 kW; t=1: 110 + 300 + 1500 = 1.91 kW
@@ -117,7 +107,7 @@ async def test_functions_and_wildcards(api: Api) -> None:
 
 
 async def test_virtual_of_virtual(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     assert (await define(api, "/pue", PUE)).status_code == 200
     # a dimensionless ratio of 3.0 is 300 %: pint converts, no factor 100 by hand
     assert (await define(api, "/pue_pct", '"/pue"', unit="%")).status_code == 200
@@ -127,7 +117,7 @@ async def test_virtual_of_virtual(api: Api) -> None:
 
 
 async def test_definition_errors(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     await api.write("/t", [0], [20.0], unit="degC")
     cases = [
         ('"/a/power" + "/t"', None, "bad_expression", 12, "cannot add"),
@@ -147,7 +137,7 @@ async def test_definition_errors(api: Api) -> None:
 
 
 async def test_cycles_are_rejected(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     assert (await define(api, "/v/x", '"/a/power" * 2')).status_code == 200
     assert (await define(api, "/v/y", '"/v/x" + 1 W')).status_code == 200
     r = await define(api, "/v/x", '"/v/y" * 2')
@@ -160,7 +150,7 @@ async def test_cycles_are_rejected(api: Api) -> None:
 
 
 async def test_list_show_redefine_delete(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     assert (await define(api, "/v/p", '"/a/power"', description="copy")).status_code == 200
     assert (await define(api, "/v/q", '"/v/p" * 2')).status_code == 200
     listed = (await api.client.get("/api/v1/virtual")).json()["virtual"]
@@ -182,7 +172,7 @@ async def test_list_show_redefine_delete(api: Api) -> None:
 
 
 async def test_dry_run_stores_nothing(api: Api) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     r = await api.client.put(
         "/api/v1/virtual/v/dry", params={"dry_run": "true"}, json={"expression": PUE}
     )
@@ -196,7 +186,7 @@ async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) 
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
             api = Api(svc, c)
-            await hall(api)
+            await mixed_inputs(api)
             body = {"expression": PUE}
             assert (await c.put("/api/v1/virtual/pue", json=body)).status_code == 401
             wrong = {"Authorization": "Bearer nope"}

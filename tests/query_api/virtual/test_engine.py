@@ -14,9 +14,7 @@ from services.common.readings import Series
 from services.common.storage.base import StorageBackend
 from services.query_api.app import create_service
 from services.query_api.virtual.engine import Engine
-from tests.query_api.conftest import T0, Api, S, make_config
-
-PUE = '("/a/power" + "/b/power") / "/it/power"'
+from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
 
 
 class CountingStorage:
@@ -45,12 +43,6 @@ def counting(api: Api) -> CountingStorage:
     return wrapped
 
 
-async def hall(api: Api) -> None:
-    await api.write("/a/power", np.arange(11), 100 + 10 * np.arange(11.0), unit="W")
-    await api.write("/b/power", np.arange(0, 11, 2), [0.2, 0.4, 0.1, 0.3, 0.3, 0.5], unit="kW")
-    await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
-
-
 async def get(api: Api, sensor: str, start_s: float, end_s: float) -> list[float | None]:
     r = await api.client.get(
         "/api/v1/readings",
@@ -70,7 +62,7 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_second_query_reads_no_input(api: Api, counting: CountingStorage) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     assert (
         await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     ).status_code == 200
@@ -87,7 +79,7 @@ async def test_second_query_reads_no_input(api: Api, counting: CountingStorage) 
 
 async def test_stored_results_serve_a_fresh_engine(api: Api, counting: CountingStorage) -> None:
     """What a restarted (or another) query API finds: the written-back results, not memory."""
-    await hall(api)
+    await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     first = await get(api, "/pue", 0, 11)
     engine = api.service.ctx.virtual
@@ -102,7 +94,7 @@ async def test_stored_results_serve_a_fresh_engine(api: Api, counting: CountingS
 
 
 async def test_only_missing_sub_ranges_are_computed(api: Api, counting: CountingStorage) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     await get(api, "/pue", 3, 6)  # t = 3, 4, 5
     whole = await get(api, "/pue", 0, 11)
@@ -114,7 +106,7 @@ async def test_only_missing_sub_ranges_are_computed(api: Api, counting: Counting
 
 
 async def test_late_data_invalidates_affected_results(api: Api, counting: CountingStorage) -> None:
-    await hall(api)
+    await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     await api.client.put("/api/v1/virtual/pue2", json={"expression": '"/pue" * 2'})
     before = await get(api, "/pue2", 0, 11)
