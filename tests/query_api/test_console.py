@@ -29,7 +29,10 @@ async def upstream() -> AsyncIterator[str]:
 
     @app.get("/api/v1/hall")
     async def hall(request: Request) -> dict[str, Any]:
-        return {"echo": dict(request.query_params), "auth": request.headers.get("authorization")}
+        return {
+            "echo": request.query_params.multi_items(),
+            "auth": request.headers.get("authorization"),
+        }
 
     @app.get("/api/v1/broken")
     async def broken() -> JSONResponse:
@@ -101,12 +104,11 @@ async def test_proxy_forwards_reads_with_their_query(tmp_path: Path, upstream: s
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
             r = await c.get(
-                "/console/api/allocator/api/v1/hall",
-                params={"a": "1", "b": "x y"},
+                "/console/api/allocator/api/v1/hall?a=1&b=x%20y&a=2",
                 headers={"Authorization": "Bearer not-for-upstream"},
             )
             assert r.status_code == 200
-            assert r.json() == {"echo": {"a": "1", "b": "x y"}, "auth": None}
+            assert r.json() == {"echo": [["a", "1"], ["b", "x y"], ["a", "2"]], "auth": None}
             r = await c.get("/console/api/agent/api/v1/broken")
             assert r.status_code == 503 and r.json() == {"error": "sick"}
             metrics = (await c.get("/metrics")).text

@@ -94,7 +94,8 @@ def router(app: FastAPI, ctx: ApiContext, read: Any) -> APIRouter:
             )  # fmt: skip
         url = f"{base().rstrip('/')}/{path}"
         try:
-            up = await upstreams.get_client().get(url, params=request.query_params)
+            query = request.url.query  # as sent, in order, repeated keys and all
+            up = await upstreams.get_client().get(f"{url}?{query}" if query else url)
         except httpx.TimeoutException:
             errors.labels(upstream, "timeout").inc()
             _upstream_log.warning(upstream, "console proxy: %s timed out", url)
