@@ -106,13 +106,13 @@ class MqttPublisher(Publisher):
         self._outbox_readings = 0
         self._control: deque[Message] = deque()
         self._meta: dict[str, SensorMetadata] = {}
-        self._inflight: dict[asyncio.Task[None], Message] = {}
+        self._busy = 0
+        """Messages being published right now (awaiting their PUBACK with QoS 1)."""
         self._wake = asyncio.Event()
         self._broken = asyncio.Event()
         self._drained = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._window: asyncio.Semaphore | None = None
         self._connected_to: str | None = None
         self._next_burst = 0.0
         # Spread bursts of many nodes over the interval instead of all at :00.
@@ -179,7 +179,6 @@ class MqttPublisher(Publisher):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._window = asyncio.Semaphore(self.o.max_inflight)
         self._next_burst = self._next_burst_after(time.time())
         self._task = asyncio.create_task(self._run(), name="pusher-mqtt")
 
@@ -188,7 +187,7 @@ class MqttPublisher(Publisher):
             return
         self._closing = True
         self._wake.set()
-        if self._connected_to is not None and (self.buffered_readings or self._inflight):
+        if self._connected_to is not None and (self.buffered_readings or self._busy):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), self.o.flush_timeout_s)
         self._task.cancel()
@@ -217,7 +216,7 @@ class MqttPublisher(Publisher):
             "qos": self.o.qos,
             "buffered_readings": self.buffered_readings,
             "buffer_readings_max": self.o.buffer_readings,
-            "inflight_messages": len(self._inflight),
+            "inflight_messages": self._busy,
             "sent_readings": self.sent_readings,
             "dropped_readings": self.dropped_readings,
             "last_error": self.last_error,
@@ -266,19 +265,27 @@ class MqttPublisher(Publisher):
         log.info("connected to MQTT broker %s", endpoint)
         self._broken.clear()
         self._control = deque(metadata_message(m) for m in self._meta.values())
-        watcher = asyncio.create_task(self._watch(client))
-        sender = asyncio.create_task(self._sender(client))
-        broken = asyncio.create_task(self._broken.wait())
+        # QoS 1: a window of workers, each awaiting its PUBACK; QoS 0: one writer.
+        workers = [
+            asyncio.create_task(self._worker(client))
+            for _ in range(self.o.max_inflight if self.o.qos else 1)
+        ]
+        tasks = {
+            asyncio.create_task(self._watch(client)),
+            asyncio.create_task(self._broken.wait()),
+            *workers,
+        }
+        if self.o.bursty:
+            tasks.add(asyncio.create_task(self._burst_timer()))
+        self._wake.set()
         try:
-            await asyncio.wait({watcher, sender, broken}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (watcher, sender, broken):
+            for t in tasks:
                 t.cancel()
-            for t in list(self._inflight):
-                t.cancel()
-            await asyncio.gather(watcher, sender, broken, *self._inflight, return_exceptions=True)
-        for t in (watcher, sender):
-            if t.done() and not t.cancelled() and t.exception() is not None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
         raise aiomqtt.MqttError("connection lost")
 
@@ -327,63 +334,61 @@ class MqttPublisher(Publisher):
                 self._outbox.append(msg)
                 self._outbox_readings += msg.readings
 
-    async def _sender(self, client: aiomqtt.Client) -> None:
-        assert self._window is not None
+    def _next(self) -> Message | None:
+        if self._control:
+            return self._control.popleft()
+        if not self._outbox and self._pending and self._due():
+            self._encode_pending()
+        if not self._outbox:
+            return None
+        msg = self._outbox.popleft()
+        self._outbox_readings -= msg.readings
+        self.m.buffered.set(self.buffered_readings)
+        return msg
+
+    def _idle(self) -> bool:
+        return not (self._control or self._outbox or self._pending or self._busy)
+
+    async def _worker(self, client: aiomqtt.Client) -> None:
         while True:
-            if self._control or self._outbox or (self._pending and self._due()):
-                await self._window.acquire()
-                if self._control:
-                    msg = self._control.popleft()
-                else:
-                    if not self._outbox:
-                        self._encode_pending()
-                    msg = self._outbox.popleft()
-                    self._outbox_readings -= msg.readings
-                self.m.buffered.set(self.buffered_readings)
-                task = asyncio.create_task(self._publish(client, msg))
-                self._inflight[task] = msg
-                task.add_done_callback(self._done)
-                if self.o.qos == 0:
-                    await task  # written to the socket: backpressure without a window
-                continue
-            if self._closing and not self._inflight and not self._pending:
-                self._drained.set()
-            self._wake.clear()
-            if self.o.bursty and not self._closing:
-                now = time.time()
-                if now >= self._next_burst:  # a burst instant with nothing to send
-                    self._next_burst = self._next_burst_after(now)
-                wait = self._next_burst - now
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
-            else:
+            msg = self._next()
+            if msg is None:
+                if self._closing and self._idle():
+                    self._drained.set()
+                self._wake.clear()
                 await self._wake.wait()
-
-    async def _publish(self, client: aiomqtt.Client, msg: Message) -> None:
-        await client.publish(
-            msg.topic, msg.payload, qos=self.o.qos, timeout=self.o.publish_timeout_s
-        )
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        assert self._window is not None
-        self._window.release()
-        msg = self._inflight.pop(task)
-        failed = task.cancelled() or task.exception() is not None
-        if failed:
+                continue
+            self._busy += 1
+            try:
+                await client.publish(
+                    msg.topic, msg.payload, qos=self.o.qos, timeout=self.o.publish_timeout_s
+                )
+            except BaseException as exc:
+                if msg.readings:
+                    # Unacknowledged: back to the head of the buffer, sent again after reconnect.
+                    self._outbox.appendleft(msg)
+                    self._outbox_readings += msg.readings
+                    self.m.buffered.set(self.buffered_readings)
+                if isinstance(exc, aiomqtt.MqttError):
+                    self.last_error = f"publish failed: {exc}"
+                    self._broken.set()
+                    return
+                raise
+            finally:
+                self._busy -= 1
             if msg.readings:
-                # Unacknowledged: back to the head of the buffer, sent again after reconnect.
-                self._outbox.appendleft(msg)
-                self._outbox_readings += msg.readings
-                self.m.buffered.set(self.buffered_readings)
-            if not task.cancelled():
-                self.last_error = f"publish failed: {task.exception()}"
-                self._broken.set()
-            return
-        if msg.readings:
-            self.sent_readings += msg.readings
-            self.m.sent.inc(msg.readings)
-            self._m_msgs_data.inc()
-        else:
-            self._m_msgs_meta.inc()
-        if self._closing and not self._inflight:
+                self.sent_readings += msg.readings
+                self.m.sent.inc(msg.readings)
+                self._m_msgs_data.inc()
+            else:
+                self._m_msgs_meta.inc()
+            if self._closing and self._idle():
+                self._drained.set()
+
+    async def _burst_timer(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self._next_burst - time.time()))
             self._wake.set()
+            await asyncio.sleep(0)  # let the workers take the burst before the next wait
+            if time.time() >= self._next_burst:
+                self._next_burst = self._next_burst_after(time.time())
