@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common import names
@@ -39,9 +40,10 @@ from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite_reader import (
     StagedCache,
+    chunk_pieces,
     modified_since,
     newest_ts,
-    read_pieces,
+    staged_pieces,
 )
 from services.common.storage.sqlite_schema import SCHEMA_VERSION, ensure_schema
 from services.common.storage.sqlite_writer import ChunkStore, prune_writes
@@ -257,35 +259,35 @@ class SqliteStorage(StorageBackend):
             self.metrics.errors.labels(self.kind, "compaction").inc()
             log.warning("sqlite: compaction of %s failed, will retry: %s", self.path, exc)
 
-    def _series(
-        self, con: sqlite3.Connection, sensor: str, start: int, end: int, staged: Any
-    ) -> Series:
-        found = self.store.sensor_id(con, sensor)
-        if found is None or start >= end:
-            return Series.empty(sensor)
-        ts, vs = chunks.merge(read_pieces(con, found[0], found[1], start, end, staged))
-        if not ts.flags.writeable:
-            ts, vs = ts.copy(), vs.copy()
-        return Series(sensor, ts, vs)
+    def _snapshot(
+        self, con: sqlite3.Connection, sensors: Sequence[str], start: int, end: int
+    ) -> dict[str, Series]:
+        """Series of ``sensors`` in ``[start, end)``, inside one read transaction."""
+        out = {s: Series.empty(s) for s in sensors}
+        if start >= end:
+            return out
+        found = {s: f for s in out if (f := self.store.sensor_id(con, s)) is not None}
+        if not found:
+            return out
+        sids = np.unique(np.array([f[0] for f in found.values()], dtype=np.int64))
+        staged = staged_pieces(self._staged.rows(con, start, end), sids, start, end)
+        for name, (sid, span) in found.items():
+            pieces = chunk_pieces(con, sid, span, start, end) + staged.get(sid, [])
+            ts, vs = chunks.merge(pieces)
+            if not ts.flags.writeable:
+                ts, vs = ts.copy(), vs.copy()
+            out[name] = Series(name, ts, vs)
+        return out
 
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
-        series = await self._read(
-            "read",
-            lambda c: self._series(
-                c, sensor, start_ns, end_ns, self._staged.index(c, start_ns, end_ns)
-            ),
-        )
-        self.metrics.read_points.labels(self.kind).inc(len(series))
-        return series
+        return (await self.read_many([sensor], start_ns, end_ns))[sensor]
 
     async def read_many(
         self, sensors: Sequence[str], start_ns: int, end_ns: int
     ) -> dict[str, Series]:
-        def q(con: sqlite3.Connection) -> dict[str, Series]:
-            staged = self._staged.index(con, start_ns, end_ns)  # once for every sensor
-            return {s: self._series(con, s, start_ns, end_ns, staged) for s in sensors}
-
-        out = await self._read("read", q)
+        out = await self._read(
+            "read", lambda c: self._snapshot(c, list(dict.fromkeys(sensors)), start_ns, end_ns)
+        )
         self.metrics.read_points.labels(self.kind).inc(sum(len(s) for s in out.values()))
         return out
 
@@ -294,11 +296,11 @@ class SqliteStorage(StorageBackend):
             found = self.store.sensor_id(con, sensor)
             if found is None:
                 return None
-            staged = self._staged.index(con, _MIN_I64, 2**63 - 1)
+            staged = self._staged.rows(con, _MIN_I64, 2**63 - 1)
             t = newest_ts(con, found[0], found[1], staged)
             if t is None:
                 return None
-            s = self._series(con, sensor, t, t + 1, staged)
+            s = self._snapshot(con, [sensor], t, t + 1)[sensor]
             return (int(s.timestamps_ns[-1]), float(s.values[-1])) if len(s) else None
 
         return await self._read("latest", q)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.readings import Int64Array
+from services.common.readings import Float64Array, Int64Array
 from services.common.storage import chunks
 from services.common.storage.chunks import Piece
 
@@ -22,12 +22,14 @@ _MIN_I64 = -(2**63)
 
 
 @dataclass(slots=True)
-class StagedIndex:
-    """Which sensors a staged row holds and where (loaded once per read snapshot)."""
+class StagedRow:
+    """One staged write as read: its sensors, where each starts, and its readings."""
 
     seq: int
     sids: Int64Array
     offsets: Int64Array
+    ts: Int64Array
+    vs: Float64Array
 
 
 def unpack_ids(blob: bytes) -> Int64Array:
@@ -36,20 +38,23 @@ def unpack_ids(blob: bytes) -> Int64Array:
 
 
 class StagedCache:
-    """Staged rows' indexes, loaded once per backend instance.
+    """Staged rows, decoded once per backend instance.
 
-    A staged row never changes (compaction deletes it, seq never repeats), so
-    its index (sensor ids and offsets: 160 KiB for a 10k-sensor batch) is read
-    once rather than by every read of recent data.
+    A staged row never changes (compaction deletes it; seq never repeats), so
+    reads of recent data slice arrays in memory instead of reading blobs:
+    SQLite walks a blob's overflow pages from its start on every read
+    (measured ~50 us per slice of an 80 KiB column). Bounded by ``limit_readings``
+    (16 bytes each plus the index); the staging area holds about ``compact_readings``.
     """
 
-    def __init__(self, limit: int = 4096) -> None:
-        self.limit = limit
-        self._cache: dict[tuple[int, int, int, int], StagedIndex] = {}
+    def __init__(self, limit_readings: int = 2 << 20) -> None:
+        self.limit = limit_readings
+        self._cache: dict[tuple[int, int, int, int], StagedRow] = {}
+        self._held = 0
         self._lock = threading.Lock()
 
-    def index(self, con: sqlite3.Connection, start_ns: int, end_ns: int) -> list[StagedIndex]:
-        """Index of the staged rows that may hold readings in ``[start, end)``."""
+    def rows(self, con: sqlite3.Connection, start_ns: int, end_ns: int) -> list[StagedRow]:
+        """Staged rows that may hold readings in ``[start, end)``, oldest first."""
         out = []
         for seq, n, k, lo in con.execute(
             "SELECT seq, n, k, min_ts FROM staged WHERE min_ts < ? AND max_ts >= ? ORDER BY seq",
@@ -58,33 +63,27 @@ class StagedCache:
             key = (int(seq), int(n), int(k), int(lo))  # not just seq: the file may be replaced
             found = self._cache.get(key)
             if found is None:
-                (idx,) = con.execute("SELECT idx FROM staged WHERE seq=?", (seq,)).fetchone()
+                idx, tb, vb = con.execute(
+                    "SELECT idx, ts, vs FROM staged WHERE seq=?", (seq,)
+                ).fetchone()
                 ix = np.frombuffer(idx, "<i8")
-                found = StagedIndex(int(seq), ix[:k], ix[k:])
+                found = StagedRow(
+                    int(seq), ix[:k], ix[k:], np.frombuffer(tb, "<i8"), np.frombuffer(vb, "<f8")
+                )
                 with self._lock:
-                    if len(self._cache) >= self.limit:
+                    if self._held + int(n) > self.limit:
                         self._cache.clear()
+                        self._held = 0
                     self._cache[key] = found
+                    self._held += int(n)
             out.append(found)
         return out
 
 
-def _blob_slice(con: sqlite3.Connection, column: str, seq: int, a: int, b: int) -> bytes:
-    """Readings ``[a, b)`` of one staged column, without loading the whole blob."""
-    with con.blobopen("staged", column, seq, readonly=True) as blob:
-        blob.seek(a * 8)
-        return blob.read((b - a) * 8)
-
-
-def read_pieces(
-    con: sqlite3.Connection,
-    sid: int,
-    max_span: int,
-    start_ns: int,
-    end_ns: int,
-    staged: Sequence[StagedIndex],
+def chunk_pieces(
+    con: sqlite3.Connection, sid: int, max_span: int, start_ns: int, end_ns: int
 ) -> list[Piece]:
-    """Every stored piece of one sensor in ``[start, end)``; call inside a read transaction."""
+    """The chunks of one sensor overlapping ``[start, end)``, clipped to it."""
     pieces = []
     for seq, enc, tb, vb in con.execute(
         "SELECT seq, enc, ts, vs FROM chunks WHERE sid=? AND t0 < ? AND t0 >= ? AND t1 >= ?",
@@ -94,23 +93,34 @@ def read_pieces(
         p = chunks.clip(t, v, start_ns, end_ns)
         p.seq = int(seq)
         pieces.append(p)
-    for st in staged:
-        i = int(np.searchsorted(st.sids, sid))
-        if i == st.sids.shape[0] or int(st.sids[i]) != sid:
-            continue
-        a, b = int(st.offsets[i]), int(st.offsets[i + 1])
-        t = np.frombuffer(_blob_slice(con, "ts", st.seq, a, b), "<i8")
-        v = np.frombuffer(_blob_slice(con, "vs", st.seq, a, b), "<f8")
-        inside = (t >= start_ns) & (t < end_ns)
-        if not bool(inside.all()):
-            t, v = t[inside], v[inside]
-        clean = t.shape[0] < 2 or bool(np.all(t[1:] > t[:-1]))
-        pieces.append(Piece(st.seq, t, v, clean))
     return pieces
 
 
+def staged_pieces(
+    staged: Sequence[StagedRow], sids: Int64Array, start_ns: int, end_ns: int
+) -> dict[int, list[Piece]]:
+    """Staged readings of the sensors ``sids`` (sorted, unique) in ``[start, end)``."""
+    out: dict[int, list[Piece]] = {}
+    for st in staged:
+        if st.sids.shape[0] == 0:
+            continue
+        pos = np.searchsorted(st.sids, sids)
+        hit = st.sids[np.minimum(pos, st.sids.shape[0] - 1)] == sids
+        if not bool(hit.any()):
+            continue
+        for sid, i in zip(sids[hit].tolist(), pos[hit].tolist(), strict=True):
+            a, b = int(st.offsets[i]), int(st.offsets[i + 1])
+            t, v = st.ts[a:b], st.vs[a:b]
+            inside = (t >= start_ns) & (t < end_ns)
+            if not bool(inside.all()):
+                t, v = t[inside], v[inside]
+            clean = t.shape[0] < 2 or bool(np.all(t[1:] > t[:-1]))
+            out.setdefault(sid, []).append(Piece(st.seq, t, v, clean))
+    return out
+
+
 def newest_ts(
-    con: sqlite3.Connection, sid: int, max_span: int, staged: Sequence[StagedIndex]
+    con: sqlite3.Connection, sid: int, max_span: int, staged: Sequence[StagedRow]
 ) -> int | None:
     """The largest stored timestamp of one sensor (read transaction)."""
     best: int | None = None
@@ -120,11 +130,9 @@ def newest_ts(
             "SELECT MAX(t1) FROM chunks WHERE sid=? AND t0 >= ?",
             (sid, max(int(row[0]) - max_span, _MIN_I64)),
         ).fetchone()[0]
-    for st in staged:
-        i = int(np.searchsorted(st.sids, sid))
-        if i < st.sids.shape[0] and int(st.sids[i]) == sid:
-            a, b = int(st.offsets[i]), int(st.offsets[i + 1])
-            m = int(np.frombuffer(_blob_slice(con, "ts", st.seq, a, b), "<i8").max())
+    for pieces in staged_pieces(staged, np.array([sid]), _MIN_I64, 2**63 - 1).values():
+        for p in pieces:
+            m = int(p.ts.max())
             best = m if best is None else max(best, m)
     return None if best is None else int(best)
 
