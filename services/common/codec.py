@@ -257,7 +257,7 @@ def decode_json(payload: bytes | memoryview, received_ns: int) -> tuple[Int64Arr
     vs = np.empty(len(items), dtype=np.float64)
     for i, item in enumerate(items):
         if isinstance(item, int | float) and not isinstance(item, bool):
-            ts[i], vs[i] = received_ns, float(item)
+            ts[i], vs[i] = received_ns, _number(item, i)
             continue
         if not isinstance(item, dict) or "value" not in item:
             raise PayloadError(
@@ -267,15 +267,19 @@ def decode_json(payload: bytes | memoryview, received_ns: int) -> tuple[Int64Arr
         value = item["value"]
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise PayloadError(f"JSON reading {i}: 'value' must be a number", "bad_json")
-        try:
-            vs[i] = float(value)
-        except ValueError as exc:
-            raise PayloadError(
-                f"JSON reading {i}: 'value' {value!r} is not a number", "bad_json"
-            ) from exc
+        vs[i] = _number(value, i)
         raw_ts = item.get("ts", item.get("timestamp"))
         ts[i] = received_ns if raw_ts is None else epoch_to_ns(raw_ts)
     return ts, vs
+
+
+def _number(value: int | float | str, i: int) -> float:
+    try:
+        return float(value)
+    except (ValueError, OverflowError) as exc:
+        raise PayloadError(
+            f"JSON reading {i}: 'value' {str(value)[:40]!r} is not a float64 number", "bad_json"
+        ) from exc
 
 
 def epoch_to_ns(value: Any) -> int:
@@ -293,15 +297,17 @@ def epoch_to_ns(value: Any) -> int:
     if v != v or v < 0:
         raise PayloadError(f"timestamp {value!r} must be a non-negative epoch", "bad_timestamp")
     mag = abs(v)
-    if mag < 1e11:  # seconds up to year 5138
-        return round(v * 1_000_000_000)
-    if mag < 1e14:
-        return round(v * 1_000_000)
-    if mag < 1e17:
-        return round(v * 1_000)
-    if mag >= 2**63:
+    if mag < 1e11:  # seconds (up to year 5138; int64 ns end in 2262)
+        ns = round(v * 1_000_000_000)
+    elif mag < 1e14:
+        ns = round(v * 1_000_000)
+    elif mag < 1e17:
+        ns = round(v * 1_000)
+    else:
+        ns = int(v)
+    if ns >= 2**63:
         raise PayloadError(f"timestamp {value!r} beyond int64 nanoseconds", "bad_timestamp")
-    return int(v)
+    return ns
 
 
 # --------------------------------------------------------------------------- control topics

@@ -249,3 +249,19 @@ def test_fuzz_dcdb_round_trip(values: list[int], base: int) -> None:
     ts, vs = codec.decode_dcdb(payload, NOW)
     assert ts.tolist() == stamps
     assert vs.tolist() == [float(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [(b'{"value": 1, "ts": 99999999999}', "bad_timestamp"), (b'{"value": 1, "ts": 1e30}', "bad_timestamp"),
+     (b"[" + b"9" * 400 + b"]", "bad_json"), (b'{"value": ' + b"9" * 400 + b"}", "bad_json")],
+)  # fmt: skip
+def test_json_out_of_range_numbers_are_rejected(payload: bytes, reason: str) -> None:
+    with pytest.raises(PayloadError) as exc:
+        codec.decode_json(payload, NOW)
+    assert exc.value.reason == reason
+
+
+def test_json_overflowing_float_is_infinity_like_any_float64() -> None:
+    ts, vs = codec.decode_json(b"[1e400]", NOW)
+    assert vs.tolist() == [float("inf")] and ts.tolist() == [NOW]
