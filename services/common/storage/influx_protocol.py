@@ -8,7 +8,7 @@
 - InfluxDB rejects NaN and +-inf in float fields; Kelvin stores them as three
   reserved finite values at the very end of the float range (see
   :data:`SENTINELS`) and maps them back on read.
-- Range reads ask for CSV (``Accept: application/csv``): measured 1.4x faster
+- Range reads ask for CSV (``Accept: application/csv``): measured ~1.8x faster
   end to end than JSON for 1M points (server encoding plus ``np.loadtxt``).
 """
 
