@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from services.common import names as _names
+from services.common.errors import PermanentStorageError, SensorNameError
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 
@@ -35,6 +36,15 @@ class Child:
     """Readings (or metadata) are stored under exactly this name."""
     has_children: bool
     """Names exist below it."""
+
+
+def check_names(sensors: Sequence[str], backend: str) -> None:
+    """Reject a batch with any invalid sensor name, before anything of it is stored."""
+    try:
+        for n in set(sensors):
+            _names.validate(n)
+    except SensorNameError as exc:
+        raise PermanentStorageError(f"{backend}: batch rejected, nothing stored: {exc}") from exc
 
 
 def children_of(all_names: Sequence[str], prefix: str) -> list[Child]:

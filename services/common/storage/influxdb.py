@@ -27,11 +27,17 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common import names
-from services.common.errors import PermanentStorageError, SensorNameError, StorageError
+from services.common.errors import PermanentStorageError, StorageError
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage import influx_catalog as ic
-from services.common.storage.base import Child, StorageBackend, VirtualResults, children_of
+from services.common.storage.base import (
+    Child,
+    StorageBackend,
+    VirtualResults,
+    check_names,
+    children_of,
+)
 from services.common.storage.influx_catalog import InfluxCatalog
 from services.common.storage.influx_http import InfluxHttp, rows
 from services.common.storage.influx_protocol import (
@@ -134,11 +140,10 @@ class InfluxStorage(StorageBackend):
     # ------------------------------------------------------------------ readings
     def _validate(self, batch: Batch) -> None:
         try:
-            for n in set(batch.sensors):
-                names.validate(n)
-        except SensorNameError as exc:
+            check_names(batch.sensors, self.kind)
+        except PermanentStorageError:
             self.metrics.errors.labels(self.kind, "bad_name").inc()
-            raise PermanentStorageError(f"influxdb: batch rejected, nothing stored: {exc}") from exc
+            raise
         ts = batch.timestamps_ns
         if len(batch) and (int(ts.min()) < MIN_TIME_NS or int(ts.max()) > MAX_TIME_NS):
             self.metrics.errors.labels(self.kind, "bad_time").inc()

@@ -31,7 +31,13 @@ from services.common.errors import (
 )
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
-from services.common.storage.base import Child, StorageBackend, VirtualResults, children_of
+from services.common.storage.base import (
+    Child,
+    StorageBackend,
+    VirtualResults,
+    check_names,
+    children_of,
+)
 from services.common.storage.settings import ShardedSettings, ShardSettings
 
 T = TypeVar("T")
@@ -150,11 +156,7 @@ class ShardedStorage(StorageBackend):
     async def write(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
-        try:
-            for n in set(batch.sensors):
-                names.validate(n)
-        except SensorNameError as exc:
-            raise PermanentStorageError(f"sharded: batch rejected, nothing stored: {exc}") from exc
+        check_names(batch.sensors, self.kind)
         groups: dict[str, list[int]] = {}
         for i, sensor in enumerate(batch.sensors):
             groups.setdefault(self.shard_of(sensor), []).append(i)

@@ -24,18 +24,22 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from services.common import names
 from services.common.errors import (
     PermanentStorageError,
     RetryableStorageError,
-    SensorNameError,
     StorageError,
 )
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage import chunks
 from services.common.storage import sqlite_catalog as cat
-from services.common.storage.base import Child, StorageBackend, VirtualResults, children_of
+from services.common.storage.base import (
+    Child,
+    StorageBackend,
+    VirtualResults,
+    check_names,
+    children_of,
+)
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite_reader import (
@@ -214,13 +218,12 @@ class SqliteStorage(StorageBackend):
     async def write(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
-        try:
-            if self.store.known(batch.sensors) is None:  # known names were validated before
-                for s in set(batch.sensors):
-                    names.validate(s)
-        except SensorNameError as exc:
-            self.metrics.errors.labels(self.kind, "bad_name").inc()
-            raise PermanentStorageError(f"sqlite: batch rejected, nothing stored: {exc}") from exc
+        if self.store.known(batch.sensors) is None:  # known names were validated before
+            try:
+                check_names(batch.sensors, self.kind)
+            except PermanentStorageError:
+                self.metrics.errors.labels(self.kind, "bad_name").inc()
+                raise
         store = self.store
 
         def tx(con: sqlite3.Connection) -> int:
