@@ -56,6 +56,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _MIN_I64 = -(2**63)
+_MAX_I64 = 2**63 - 1
 
 
 def _wrap(exc: sqlite3.Error) -> tuple[StorageError, str]:
@@ -120,6 +121,9 @@ class SqliteStorage(StorageBackend):
                 err, reason = _wrap(exc)
                 self.metrics.errors.labels(self.kind, reason).inc()
                 raise err from exc
+            except (OverflowError, ValueError) as exc:  # a value SQLite cannot hold
+                self.metrics.errors.labels(self.kind, "bad_value").inc()
+                raise PermanentStorageError(f"sqlite: {op}: {exc}") from exc
 
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, guarded)
@@ -226,20 +230,15 @@ class SqliteStorage(StorageBackend):
                 raise
         store = self.store
 
-        def tx(con: sqlite3.Connection) -> int:
-            sids = store.sensor_ids(con, batch.sensors)
-            store.stage(con, batch, sids, time.time_ns())
-            rows, staged = store.staged_totals(con)
-            if staged >= self.settings.compact_readings or rows >= self.settings.compact_writes:
-                return staged
-            return -staged - 1
+        def tx(con: sqlite3.Connection) -> tuple[int, int]:
+            store.stage(con, batch, store.sensor_ids(con, batch.sensors), time.time_ns())
+            return store.staged_totals(con)
 
-        staged = await self._write("write", tx)
+        rows, staged = await self._write("write", tx)
         self.metrics.written.labels(self.kind).inc(len(batch))
-        if staged >= 0:
+        self.metrics.staged.labels(self.kind).set(staged)
+        if staged >= self.settings.compact_readings or rows >= self.settings.compact_writes:
             await self._compact_quietly()
-        else:
-            self.metrics.staged.labels(self.kind).set(-staged - 1)
 
     async def compact(self) -> int:
         """Move every staged write into chunks now; returns the readings moved."""
@@ -267,6 +266,7 @@ class SqliteStorage(StorageBackend):
     ) -> dict[str, Series]:
         """Series of ``sensors`` in ``[start, end)``, inside one read transaction."""
         out = {s: Series.empty(s) for s in sensors}
+        start, end = max(start, _MIN_I64), min(end, _MAX_I64)
         if start >= end:
             return out
         found = {s: f for s in out if (f := self.store.sensor_id(con, s)) is not None}
@@ -299,11 +299,13 @@ class SqliteStorage(StorageBackend):
             found = self.store.sensor_id(con, sensor)
             if found is None:
                 return None
-            staged = self._staged.rows(con, _MIN_I64, 2**63 - 1)
+            staged = self._staged.rows(con, _MIN_I64, _MAX_I64)
             t = newest_ts(con, found[0], found[1], staged)
             if t is None:
                 return None
             s = self._snapshot(con, [sensor], t, t + 1)[sensor]
+            if not len(s):  # t is int64's max, which no half-open range reaches
+                s = self._snapshot(con, [sensor], _MIN_I64, _MAX_I64)[sensor]
             return (int(s.timestamps_ns[-1]), float(s.values[-1])) if len(s) else None
 
         return await self._read("latest", q)
@@ -409,6 +411,7 @@ class SqliteStorage(StorageBackend):
         removed = 0
         for name, start, end in targets:
             found = self.store.sensor_id(con, name)
+            start, end = max(start, _MIN_I64), min(end, _MAX_I64)
             if found is not None and start < end:
                 removed += self.store.delete(con, found[0], found[1], start, end)
         return removed

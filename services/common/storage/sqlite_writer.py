@@ -42,6 +42,7 @@ LATE_NS = 10_000_000_000
 """``modified_since`` resolution: sensors of a write whose earliest reading is
 within this of the write's newest per-sensor minimum share one minimum."""
 _MIN_I64 = -(2**63)
+_MAX_I64 = 2**63 - 1
 
 Row = tuple[int, int, int, int, int, int, int, bytes, bytes]
 _INSERT = "INSERT INTO chunks (sid, t0, t1, n, seq, level, enc, ts, vs) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -337,9 +338,10 @@ class ChunkStore:
         spans: list[tuple[int, int]],
     ) -> Row:
         t0, t1 = int(ts[0]), int(ts[-1])
-        if t1 - t0 > self._spans.get(sid, 0):
-            self._spans[sid] = t1 - t0
-            spans.append((t1 - t0, sid))
+        span = min(t1 - t0, _MAX_I64)
+        if span > self._spans.get(sid, 0):
+            self._spans[sid] = span
+            spans.append((span, sid))
         tb, vb = chunks.encode(ts, vs, enc)
         return (sid, t0, t1, int(ts.shape[0]), seq, level, enc, tb, vb)
 
