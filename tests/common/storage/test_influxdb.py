@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import httpx
 import numpy as np
@@ -189,3 +193,78 @@ def test_lines_repeat_each_head_for_its_series_only() -> None:
         f"b v={SENTINELS['inf']!r} 2\n",
     ]
     assert lines(["a v=", "b v="], [1, 1], ts, vs)[0] == "a v=1.0 1\n"
+
+
+class _Fake2x(http.server.BaseHTTPRequestHandler):
+    """Just enough of an InfluxDB 2.x for Kelvin's open(): refuses CREATE DATABASE
+    (as 2.x does) and serves the bucket API. A fake: no 2.x server runs here."""
+
+    seen: ClassVar[list[tuple[str, str]]] = []
+
+    def _answer(self, status: int, body: dict[str, Any] | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.seen.append(("GET", self.path))
+        path = self.path.split("?")[0]
+        if path == "/ping":
+            self._answer(204)
+        elif path == "/api/v2/buckets":
+            self._answer(200, {"buckets": []})
+        elif path == "/api/v2/orgs":
+            self._answer(200, {"orgs": [{"id": "0123456789abcdef", "name": "site"}]})
+        else:
+            self._answer(404, {"message": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(length).decode()
+        self.seen.append(("POST", self.path + " " + body))
+        path = self.path.split("?")[0]
+        if path == "/query":
+            self._answer(422, {"error": "CREATE DATABASE is not supported"})
+        elif path == "/api/v2/buckets":
+            sent = json.loads(body)
+            sent.update(id="b1", retentionRules=sent.get("retentionRules") or [])
+            self._answer(201, sent)
+        else:
+            self._answer(404, {"message": "not found"})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_v2_buckets_are_created_when_create_database_is_refused() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fake2x)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        backend = InfluxStorage(
+            InfluxSettings(
+                url=url,
+                database="kelvin",
+                retention_policy="short",
+                retention_duration="2d",
+                token="t0k",
+                org="site",
+                retries=0,
+            )
+        )
+        await backend.open()
+        await backend.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    created = [p for m, p in _Fake2x.seen if m == "POST" and p.startswith("/api/v2/buckets")]
+    bodies = {
+        json.loads(p.split(" ", 1)[1])["name"]: json.loads(p.split(" ", 1)[1]) for p in created
+    }
+    assert set(bodies) == {"kelvin/autogen", "kelvin/short"}  # catalog and readings
+    assert bodies["kelvin/short"]["retentionRules"][0]["everySeconds"] == 2 * 86400
+    assert not bodies["kelvin/autogen"].get("retentionRules")
