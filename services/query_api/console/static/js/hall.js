@@ -18,7 +18,8 @@ export class HallView {
   constructor(els, onChart) {
     this.els = els; // {plan, totals, legend, node, jobs, status, name, modes}
     this.onChart = onChart;
-    this.mode = "measured";
+    // The browser may restore a radio's state on reload: start from what is shown.
+    this.mode = [...els.modes].find((r) => r.checked)?.value || "measured";
     this.hall = null;
     this.measured = new Map();
     this.selected = 0;
