@@ -3,7 +3,7 @@
 The nodes of the MPIT choice become candidate shell centres; each opens an
 MC1x1 allocation (same shells and outermost-shell fill as :mod:`.mc1x1`).
 Among these the one with the lowest resulting peak inlet wins (peaks within
-1 µK are equal), then the lower CC, then the lower centre index. A big job
+0.1 mK are equal), then the lower CC, then the lower centre index. A big job
 has many MPIT nodes; only the ``joint_max_centres`` (16) with the best MC1x1
 score (lowest sum of shell indices; ties: lower index) are opened, which
 keeps a 1,000-node job on a 2,000-node hall well under a second.
@@ -16,7 +16,7 @@ import numpy as np
 from services.allocator.model import IntArray
 from services.allocator.policies.base import Policy, Request, View, distinct, register
 from services.allocator.policies.mc1x1 import allocation_at
-from services.allocator.policies.mpit import Mpit, peak_after
+from services.allocator.policies.mpit import PEAK_TOLERANCE_C, Mpit, peak_after
 
 
 @register
@@ -38,6 +38,8 @@ class Joint(Policy):
         for c in centres.tolist():
             nodes = allocation_at(model, free, int(c), n, self.options.mc_exact_fill_limit)
             peak = peak_after(view, rise, nodes)
-            ranked.append((round(peak * 1e6), round(model.cc(nodes), 9), int(c), nodes))
+            ranked.append(
+                (round(peak / PEAK_TOLERANCE_C), round(model.cc(nodes), 9), int(c), nodes)
+            )
         ranked.sort(key=lambda r: r[:3])
         return distinct([r[3] for r in ranked], alternatives + 1)
