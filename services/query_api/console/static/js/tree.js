@@ -37,29 +37,29 @@ export class SensorTree {
   async load() {
     const open = [...this.nodes.values()].filter((n) => n.expanded).map((n) => n.name).sort();
     const before = this.signature();
-    const old = this.nodes;
-    this.nodes = new Map();
+    const fresh = new Map(); // swapped in at the end: a click meanwhile still finds its node
     const top = { name: "/", label: "/", has_children: true, is_sensor: false, children: null, expanded: true };
     try {
-      await this.loadChildren(top);
-      for (const name of open) { // sorted: parents load before their children
-        const n = this.nodes.get(name);
-        if (n?.has_children) {
-          await this.loadChildren(n);
+      await this.loadChildren(top, fresh);
+      for (const name of open) { // sorted: parents come before their children
+        const n = fresh.get(name);
+        const parent = name.slice(0, name.lastIndexOf("/")) || "/";
+        if (n?.has_children && (parent === "/" || fresh.get(parent)?.expanded)) {
+          await this.loadChildren(n, fresh);
           n.expanded = true;
         }
       }
-      this.status.textContent = top.children.length || this.query ? this.status.textContent : "No sensors yet.";
     } catch (exc) {
       if (exc.status !== 404) {
-        this.nodes = old;
         this.status.textContent = `Cannot list sensors: ${exc.detail || exc.message}`;
         return;
       }
       top.children = [];
-      this.status.textContent = "No sensors yet.";
     }
-    if (top.children.length && this.status.textContent === "No sensors yet.") this.status.textContent = "";
+    const empty = "No sensors yet.";
+    if (!top.children.length) this.status.textContent = empty;
+    else if (this.status.textContent === empty || this.status.textContent.startsWith("Cannot")) this.status.textContent = "";
+    this.nodes = fresh;
     this.top = top;
     this.names = null;
     if (!this.query && this.signature() !== before) this.render();
@@ -73,11 +73,11 @@ export class SensorTree {
     return [...this.nodes.values()].map((n) => `${n.name}${n.expanded ? "+" : ""}`).join("\n");
   }
 
-  async loadChildren(node) {
+  async loadChildren(node, into = this.nodes) {
     const data = await getJSON("/api/v1/sensors", { prefix: node.name });
     node.children = data.children.map((c) => {
       const n = { ...c, children: c.has_children ? null : [], expanded: false };
-      this.nodes.set(n.name, n);
+      into.set(n.name, n);
       return n;
     });
   }
