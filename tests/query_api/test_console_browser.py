@@ -174,6 +174,10 @@ def test_pick_a_sensor_in_the_tree_and_see_the_chart_draw(
     ).json()["unit"]
     legend = pg.locator(".u-legend").inner_text()
     assert f"{INLET} [{unit}]" in legend
+    # A shorter range (kept in the address bar) redraws the same readings wider.
+    pg.select_option("#range", "60")
+    pg.wait_for_function("() => location.hash.endsWith('r=60')")
+    pg.wait_for_function("() => Number(document.getElementById('chart').dataset.points) >= 5")
     # The download link gives the charted readings as CSV.
     href = pg.locator("#chart-csv").get_attribute("href")
     csv = httpx.get(f"{demo.url('query_api')}{href}", timeout=10)
