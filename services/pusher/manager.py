@@ -150,9 +150,9 @@ class PluginManager:
             if g.sensors
         ]
         announce = [
-            meta
+            s.metadata(r.opts.interval_ms)
             for r in inst.runners
-            for meta, s in zip(r.metadata, r.group.sensors, strict=True)
+            for s in r.group.sensors
             if s.options.publish
         ]
         self.publisher.announce(announce)

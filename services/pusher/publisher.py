@@ -105,7 +105,8 @@ class MqttPublisher(Publisher):
         self._outbox: deque[Message] = deque()
         self._outbox_readings = 0
         self._control: deque[Message] = deque()
-        self._meta: dict[str, SensorMetadata] = {}
+        self._meta: dict[str, Message] = {}
+        """Encoded metadata of every announced sensor, sent again at each connect."""
         self._busy = 0
         """Messages being published right now (awaiting their PUBACK with QoS 1)."""
         self._idle_workers: deque[asyncio.Future[None]] = deque()
@@ -167,10 +168,11 @@ class MqttPublisher(Publisher):
     def announce(self, metadata: Sequence[SensorMetadata]) -> None:
         if not self.o.announce:
             return
-        for meta in metadata:
-            self._meta[meta.name] = meta
+        messages = [metadata_message(m) for m in metadata]
+        for meta, msg in zip(metadata, messages, strict=True):
+            self._meta[meta.name] = msg
         if self._connected_to is not None:
-            self._control.extend(metadata_message(m) for m in metadata)
+            self._control.extend(messages)
             self._kick()
 
     def withdraw(self, names: Iterable[str]) -> None:
@@ -269,7 +271,7 @@ class MqttPublisher(Publisher):
         self.m.connects.labels(endpoint).inc()
         log.info("connected to MQTT broker %s", endpoint)
         self._broken.clear()
-        self._control = deque(metadata_message(m) for m in self._meta.values())
+        self._control = deque(self._meta.values())
         # QoS 1: a window of workers, each awaiting its PUBACK; QoS 0: one writer.
         workers = [
             asyncio.create_task(self._worker(client))

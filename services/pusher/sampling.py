@@ -25,7 +25,6 @@ import numpy as np
 from services.common.cache import SensorCache
 from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array, Int64Array
-from services.common.sensors import SensorMetadata
 from services.pusher.formats import Route
 from services.pusher.metrics import PusherMetrics
 from services.pusher.plugins.base import Group
@@ -74,10 +73,8 @@ class GroupRunner:
         self.opts = group.options
         self.interval_ns = self.opts.interval_ms * 1_000_000
         self.timeout_s = (self.opts.timeout_ms or self.opts.interval_ms) / 1000
-        self.metadata: list[SensorMetadata] = [
-            s.metadata(self.opts.interval_ms) for s in group.sensors
-        ]
-        self.route = Route(self.metadata)
+        # Metadata models cost ~1.4 kB per sensor: build them for the route, then let go.
+        self.route = Route([s.metadata(self.opts.interval_ms) for s in group.sensors])
         self.processor = Processor([s.options for s in group.sensors])
         self.cache = cache
         self.block = cache.add_block(
@@ -163,12 +160,11 @@ class GroupRunner:
             _rlog.warning(self.name, "%s: read failed: %s", self.name, self.last_error)
             return None
         raw = np.asarray(raw, dtype=np.float64)
-        if raw.shape != (len(self.metadata),):
+        if raw.shape != (self.route.n,):
             self.errors += 1
             self._m_error.inc()
             self.last_error = (
-                f"read returned {raw.shape} values; expected ({len(self.metadata)},), "
-                "one per sensor"
+                f"read returned {raw.shape} values; expected ({self.route.n},), one per sensor"
             )
             _rlog.warning(self.name, "%s: %s", self.name, self.last_error)
             return None
@@ -191,7 +187,7 @@ class GroupRunner:
         self.queue.append((ts, p.send, p.send_mask))
         if len(self.queue) > self.opts.queue_size:
             _, _, mask = self.queue.popleft()
-            lost = len(self.metadata) if mask is None else int(np.count_nonzero(mask))
+            lost = self.route.n if mask is None else int(np.count_nonzero(mask))
             self._m_queue_drop.inc(lost)
         if len(self.queue) >= self.opts.min_values:
             self.sink(self.take())
@@ -231,7 +227,7 @@ class GroupRunner:
         return {
             "group": self.group.name,
             "interval_ms": self.opts.interval_ms,
-            "sensors": len(self.metadata),
+            "sensors": self.route.n,
             "reads": self.reads,
             "errors": self.errors,
             "timeouts": self.timeouts,
