@@ -53,6 +53,7 @@ _RESTART_KEYS = (
     "cache_s",
     "cache_max_points",
     "state_dir",
+    "keep_unsent",
     "allocator_url",
 )
 
@@ -74,6 +75,7 @@ def mqtt_options(settings: Settings) -> MqttOptions:
         username=settings.mqtt_username,
         password=settings.mqtt_password,
         announce=settings.announce_metadata,
+        spool_path=settings.state_dir / "unsent.bin" if settings.keep_unsent else None,
     )
 
 

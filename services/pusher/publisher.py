@@ -27,12 +27,14 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiomqtt
 import numpy as np
 
 from services.common.logs import RateLimitedLog
 from services.common.sensors import SensorMetadata
+from services.pusher import spool
 from services.pusher.formats import Format, Message, encode, metadata_message
 from services.pusher.metrics import PusherMetrics
 from services.pusher.sampling import Chunk
@@ -91,6 +93,8 @@ class MqttOptions:
     username: str | None = None
     password: str | None = None
     announce: bool = True
+    spool_path: Path | None = None
+    """Where readings still unsent at stop are kept for the next start (None = dropped)."""
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -183,6 +187,16 @@ class MqttPublisher(Publisher):
 
     async def start(self) -> None:
         self._next_burst = self._next_burst_after(time.time())
+        if self.o.spool_path is not None:
+            saved = spool.load(self.o.spool_path)
+            if saved:
+                self._outbox.extend(saved)
+                self._outbox_readings += sum(m.readings for m in saved)
+                self.m.buffered.set(self.buffered_readings)
+                log.info(
+                    "%d readings left unsent at the last stop will be sent first",
+                    self._outbox_readings,
+                )
         self._task = asyncio.create_task(self._run(), name="pusher-mqtt")
 
     async def stop(self) -> None:
@@ -198,6 +212,18 @@ class MqttPublisher(Publisher):
             await self._task
         self._task = None
         left = self.buffered_readings
+        if left and self.o.spool_path is not None:
+            self._encode_pending()
+            try:
+                kept = spool.save(self.o.spool_path, list(self._outbox))
+                log.warning(
+                    "stopping with %d readings not delivered; kept in %s for the next start",
+                    kept,
+                    self.o.spool_path,
+                )
+                left = 0
+            except OSError as exc:
+                log.error("cannot keep unsent readings in %s: %s", self.o.spool_path, exc)
         if left:
             self.dropped_readings += left
             self.m.dropped.labels("shutdown").inc(left)

@@ -65,6 +65,8 @@ class Settings(SectionSettings):
     """Longest wait between connect attempts (backoff from 0.2 s)."""
     flush_timeout_s: float = Field(5.0, ge=0)
     """How long ``stop`` waits for buffered readings to go out."""
+    keep_unsent: bool = True
+    """Readings still unsent at stop go to ``<state_dir>/unsent.bin`` and out at the next start."""
     timestamps: Literal["tick", "read"] = "tick"
     """Stamp readings with the scheduled instant (aligned across nodes) or the read time."""
     cache_s: float = Field(300.0, ge=0)

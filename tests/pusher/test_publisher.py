@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from services.pusher import spool as spool_file
 from services.pusher.app import PusherService
 from tests.pusher.conftest import Collector, make_config, running
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
@@ -198,3 +200,38 @@ async def test_bursty_sending_batches_several_cycles_per_message(
         "/bu/tester/s0002" if fmt == "dcdb" else "/KELVIN_BATCH//bu/tester"
     )
     assert per_message >= 4, "a burst carries several 50 ms cycles"
+
+
+async def test_readings_unsent_at_stop_go_out_after_the_next_start(tmp_path: Path) -> None:
+    port = free_port()  # no broker yet: everything stays buffered
+    cfg = make_config(
+        tmp_path,
+        {
+            "prefix": "/ks",
+            "flush_timeout_s": 0,
+            "plugins": {"tester": {"sensors": 3, "interval": 50}},
+        },
+        broker_port=port,
+    )
+    async with running(cfg) as svc:
+        for _ in range(200):  # nothing to await: the buffer fills at the sampling rate
+            if svc.publisher.buffered_readings >= 30:
+                break
+            await asyncio.sleep(0.05)
+    assert svc.publisher.dropped_readings == 0
+    spool = tmp_path / "state" / "unsent.bin"
+    shutil.copy(spool, tmp_path / "copy.bin")
+    kept = sum(m.readings for m in spool_file.load(tmp_path / "copy.bin"))
+    stopped_ns = time.time_ns()
+    broker = Mosquitto(tmp_path, port=port).start()
+    col = await Collector(port).start()
+    try:
+        async with running(make_config(tmp_path, {"prefix": "/ks"}, broker_port=port)):
+            await col.wait_for(lambda: sum(len(v) for v in col.readings.values()) >= kept)
+        old = [(s, t) for s, pts in col.readings.items() for t, _ in pts if t < stopped_ns]
+        assert len(old) == len(set(old)) == kept, "each kept reading arrives, once"
+        assert not spool.exists()
+    finally:
+        await col.stop()
+        broker.stop()
+    assert kept >= 30

@@ -1,0 +1,72 @@
+"""Readings left unsent at shutdown, kept on disk for the next start.
+
+When the pusher stops while no broker takes its readings (a rolling update
+during a broker outage, a node reboot), the buffered readings are encoded as
+the MQTT messages they would have been and written to ``<state_dir>/unsent.bin``;
+the next start sends them first. Records: ``u32 topic length, topic (UTF-8),
+u32 payload length, payload, u32 readings``, little-endian, after an 8-byte
+magic. A damaged file is set aside (``.damaged``), never half-read silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+from services.pusher.formats import Message
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"KPSPOOL1"
+_U32 = struct.Struct("<I")
+
+
+def save(path: Path, messages: list[Message]) -> int:
+    """Write ``messages`` atomically; returns the readings saved."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        for m in messages:
+            topic = m.topic.encode("utf-8")
+            f.write(_U32.pack(len(topic)) + topic + _U32.pack(len(m.payload)))
+            f.write(m.payload)
+            f.write(_U32.pack(m.readings))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return sum(m.readings for m in messages)
+
+
+def load(path: Path) -> list[Message]:
+    """The messages saved at the last stop (and the file removed); [] if there is none."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out: list[Message] = []
+    try:
+        if not data.startswith(MAGIC):
+            raise ValueError("bad magic")
+        pos = len(MAGIC)
+        while pos < len(data):
+            (n,) = _U32.unpack_from(data, pos)
+            topic = data[pos + 4 : pos + 4 + n].decode("utf-8")
+            pos += 4 + n
+            (n,) = _U32.unpack_from(data, pos)
+            payload = data[pos + 4 : pos + 4 + n]
+            if len(payload) != n:
+                raise ValueError("truncated payload")
+            pos += 4 + n
+            (readings,) = _U32.unpack_from(data, pos)
+            pos += 4
+            out.append(Message(topic, payload, readings))
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        damaged = path.with_suffix(".damaged")
+        os.replace(path, damaged)
+        log.error("unsent readings in %s are damaged (%s); moved to %s", path, exc, damaged)
+        return []
+    path.unlink()
+    return out
