@@ -1,8 +1,9 @@
 """The embedded default backend: one SQLite file in WAL mode, no server to run.
 
 Readings are staged one row per write and compacted into per-sensor columnar
-chunks (:mod:`.sqlite_writer`, :mod:`.sqlite_reader`); metadata, virtual sensors and jobs are plain
-tables (:mod:`.sqlite_catalog`). One writer connection on a dedicated thread
+chunks (:mod:`.sqlite_writer`, :mod:`.sqlite_reader`), virtual results into chunks
+of their own (:mod:`.sqlite_virtual`); metadata, virtual definitions and jobs are
+plain tables (:mod:`.sqlite_catalog`). One writer connection on a dedicated thread
 (SQLite allows one writer at a time); reads run on a small pool of reader
 threads, each with its own connection, inside a read transaction so that a
 read never sees half of a compaction. Several instances (in one process or
@@ -33,6 +34,7 @@ from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage import chunks
 from services.common.storage import sqlite_catalog as cat
+from services.common.storage import sqlite_virtual as vir
 from services.common.storage.base import (
     Child,
     StorageBackend,
@@ -359,18 +361,16 @@ class SqliteStorage(StorageBackend):
     ) -> None:
         await self._write(
             "virtual",
-            lambda c: cat.write_virtual_results(
+            lambda c: vir.write_results(
                 c, name, start_ns, end_ns, timestamps_ns, values, computed_at_ns
             ),
         )
 
     async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
-        return await self._read(
-            "virtual", lambda c: cat.read_virtual_results(c, name, start_ns, end_ns)
-        )
+        return await self._read("virtual", lambda c: vir.read_results(c, name, start_ns, end_ns))
 
     async def invalidate_virtual(self, name: str, start_ns: int, end_ns: int) -> None:
-        await self._write("virtual", lambda c: cat.drop_virtual(c, name, start_ns, end_ns))
+        await self._write("virtual", lambda c: vir.drop(c, name, start_ns, end_ns))
 
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         def q(con: sqlite3.Connection) -> dict[str, int]:
@@ -460,7 +460,7 @@ class SqliteStorage(StorageBackend):
                 "sealed_chunks": one("SELECT COUNT(*) FROM chunks WHERE level < 0")[0],
                 "bytes_per_reading": round(chunk_bytes / chunk_n, 2) if chunk_n else None,
                 "virtual_sensors": one("SELECT COUNT(*) FROM virtual_defs")[0],
-                "virtual_points": one("SELECT COUNT(*) FROM virtual_points")[0],
+                "virtual_points": vir.stored_points(con),
                 "jobs": one("SELECT COUNT(*) FROM jobs")[0],
                 "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
             }

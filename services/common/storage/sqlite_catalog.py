@@ -1,4 +1,4 @@
-"""Everything in the SQLite file besides readings: metadata, virtual sensors, jobs.
+"""Everything in the SQLite file besides readings: metadata, virtual definitions, jobs.
 
 Functions take the connection (and run inside the caller's transaction), so
 that :mod:`.sqlite` decides threading and transactions in one place.
@@ -10,11 +10,8 @@ import json
 import sqlite3
 from typing import Any
 
-import numpy as np
-
-from services.common.readings import Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
-from services.common.storage.base import VirtualResults
+from services.common.storage import sqlite_virtual
 
 
 # ---------------------------------------------------------------------- hierarchy
@@ -74,84 +71,8 @@ def list_virtual(con: sqlite3.Connection) -> dict[str, dict[str, Any]]:
 
 def delete_virtual(con: sqlite3.Connection, name: str) -> bool:
     n = con.execute("DELETE FROM virtual_defs WHERE name=?", (name,)).rowcount
-    con.execute("DELETE FROM virtual_ranges WHERE name=?", (name,))
-    con.execute("DELETE FROM virtual_points WHERE name=?", (name,))
+    sqlite_virtual.delete_all(con, name)
     return bool(n > 0)
-
-
-def write_virtual_results(
-    con: sqlite3.Connection,
-    name: str,
-    start_ns: int,
-    end_ns: int,
-    timestamps_ns: Int64Array,
-    values: Float64Array,
-    computed_at_ns: int,
-) -> None:
-    drop_virtual(con, name, start_ns, end_ns)
-    inside = (timestamps_ns >= start_ns) & (timestamps_ns < end_ns)
-    ts, vs = timestamps_ns[inside], values[inside]
-    con.executemany(
-        "INSERT OR REPLACE INTO virtual_points VALUES (?,?,?)",
-        zip([name] * len(ts), ts.tolist(), _nan_to_none(vs), strict=True),
-    )
-    con.execute(
-        "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)",
-        (name, start_ns, end_ns, computed_at_ns),
-    )
-
-
-def read_virtual_results(
-    con: sqlite3.Connection, name: str, start_ns: int, end_ns: int
-) -> VirtualResults:
-    rng = con.execute(
-        "SELECT start_ns, end_ns, computed_at FROM virtual_ranges "
-        "WHERE name=? AND end_ns>? AND start_ns<? ORDER BY start_ns",
-        (name, start_ns, end_ns),
-    ).fetchall()
-    pts = con.execute(
-        "SELECT ts, value FROM virtual_points WHERE name=? AND ts>=? AND ts<? ORDER BY ts",
-        (name, start_ns, end_ns),
-    ).fetchall()
-    ts = np.fromiter((p[0] for p in pts), dtype=np.int64, count=len(pts))
-    vs = np.fromiter(
-        (np.nan if p[1] is None else p[1] for p in pts), dtype=np.float64, count=len(pts)
-    )
-    return VirtualResults(
-        covered=[(int(a), int(b)) for a, b, _ in rng],
-        series=Series(name, ts, vs),
-        computed_at_ns=[int(c) for _, _, c in rng],
-    )
-
-
-def drop_virtual(con: sqlite3.Connection, name: str, start_ns: int, end_ns: int) -> None:
-    """Remove coverage and points in [start, end); trim ranges that straddle the edges."""
-    con.execute(
-        "DELETE FROM virtual_points WHERE name=? AND ts>=? AND ts<?", (name, start_ns, end_ns)
-    )
-    rows = con.execute(
-        "SELECT start_ns, end_ns, computed_at FROM virtual_ranges "
-        "WHERE name=? AND end_ns>? AND start_ns<?",
-        (name, start_ns, end_ns),
-    ).fetchall()
-    for a, b, c in rows:
-        con.execute("DELETE FROM virtual_ranges WHERE name=? AND start_ns=?", (name, a))
-        if a < start_ns:
-            con.execute(
-                "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)", (name, a, start_ns, c)
-            )
-        if b > end_ns:
-            con.execute(
-                "INSERT OR REPLACE INTO virtual_ranges VALUES (?,?,?,?)", (name, end_ns, b, c)
-            )
-
-
-def _nan_to_none(values: Float64Array) -> list[float | None]:
-    # SQLite stores NaN as NULL anyway; be explicit so reads map NULL back to NaN.
-    vals: list[float | None] = values.tolist()
-    if bool(np.isnan(values).any()):
-        vals = [None if v != v else v for v in vals]
-    return vals
 
 
 # ---------------------------------------------------------------------- jobs

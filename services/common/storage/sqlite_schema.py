@@ -14,6 +14,10 @@ Version 2 layout (readings):
   compaction of ``staged``. ``level >= 0`` marks open chunks still merged by
   compaction; ``level = -1`` sealed (compressed) ones.
 - ``writes``: one small row per write, for ``modified_since``.
+
+Version 3 (virtual results): ``virtual_points`` (one row per point) became
+``virtual_chunks`` (columnar chunks, :mod:`.sqlite_virtual`), and
+``virtual_ranges`` gained an index on its end.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from collections.abc import Callable
 import numpy as np
 
 from services.common.errors import PermanentStorageError
-from services.common.storage import chunks
+from services.common.storage import chunks, sqlite_virtual
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEALED = -1
 """``chunks.level`` of a sealed chunk."""
 
@@ -35,9 +39,6 @@ _SHARED = [
     """CREATE TABLE IF NOT EXISTS virtual_ranges (
         name TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
         computed_at INTEGER NOT NULL, PRIMARY KEY (name, start_ns))""",
-    """CREATE TABLE IF NOT EXISTS virtual_points (
-        name TEXT NOT NULL, ts INTEGER NOT NULL, value REAL,
-        PRIMARY KEY (name, ts)) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS jobs (
         domain_id TEXT NOT NULL, job_id TEXT NOT NULL, user_id TEXT,
         start_ns INTEGER NOT NULL, end_ns INTEGER, nodes TEXT NOT NULL,
@@ -45,7 +46,12 @@ _SHARED = [
 ]
 """Tables whose layout is the same in every version."""
 
-TABLES_V2 = [
+_VIRTUAL_POINTS = """CREATE TABLE IF NOT EXISTS virtual_points (
+    name TEXT NOT NULL, ts INTEGER NOT NULL, value REAL,
+    PRIMARY KEY (name, ts)) WITHOUT ROWID"""
+"""Virtual results one row per point (versions 1 and 2)."""
+
+_CHUNKED = [
     "CREATE TABLE IF NOT EXISTS meta_kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS sensors (
         id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, metadata TEXT,
@@ -66,6 +72,12 @@ TABLES_V2 = [
     "CREATE INDEX IF NOT EXISTS writes_at ON writes (written_at)",
     *_SHARED,
 ]
+"""Chunked readings: version 2 without its virtual results, which version 3 keeps."""
+
+TABLES_V3 = [*_CHUNKED, *sqlite_virtual.TABLES]
+"""The current layout (new files)."""
+TABLES_V2 = [*_CHUNKED, _VIRTUAL_POINTS]
+"""Kept for the migration from version 1 and to test the one from version 2."""
 
 TABLES_V1 = [
     "CREATE TABLE IF NOT EXISTS meta_kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -78,6 +90,7 @@ TABLES_V1 = [
         sid INTEGER NOT NULL, written_at INTEGER NOT NULL, min_ts INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS writes_at ON writes (written_at)",
     *_SHARED,
+    _VIRTUAL_POINTS,
 ]
 """The placeholder layout (one row per reading); kept to test the migration."""
 
@@ -112,7 +125,12 @@ def _v1_to_v2(con: sqlite3.Connection) -> None:
     con.execute("DROP TABLE readings")
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _v1_to_v2}
+def _v2_to_v3(con: sqlite3.Connection) -> None:
+    """Virtual results one row per point -> columnar chunks (ranges stay as they are)."""
+    sqlite_virtual.points_to_chunks(con)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _v1_to_v2, 3: _v2_to_v3}
 """Target version -> migration from the version before it."""
 
 
@@ -120,11 +138,11 @@ def ensure_schema(con: sqlite3.Connection, path: str) -> int:
     """Create or migrate the layout on ``con`` (autocommit mode); returns the version found."""
     con.execute("BEGIN IMMEDIATE")
     try:
-        con.execute(TABLES_V2[0])
+        con.execute(TABLES_V3[0])
         row = con.execute("SELECT value FROM meta_kv WHERE key='schema_version'").fetchone()
         found = int(row[0]) if row else 0
         if found == 0:
-            for stmt in TABLES_V2:
+            for stmt in TABLES_V3:
                 con.execute(stmt)
             _set_version(con, SCHEMA_VERSION)
         elif found > SCHEMA_VERSION:

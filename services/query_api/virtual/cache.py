@@ -1,10 +1,10 @@
 """The fast tier of virtual-sensor write-back: recent results in memory, stores in the background.
 
-Storing results can cost more than computing them (a backend that keeps one
-row per point: ~2.8 µs per point to write, ~2 µs to read back, against
-~0.03 µs to read chunked inputs), so a query does not wait for the store: the
-results go to a bounded background writer, and to an in-memory LRU of settled
-segments that the next query over the same range is answered from. Storage
+Storing results costs more than computing them for small ranges on a remote
+backend (InfluxDB writes each point as a line), so a query does not wait for
+the store: the results go to a bounded background writer, and to an in-memory
+LRU of settled segments that the next query over the same range is answered
+from. Segments share their (read-only) arrays with the answers they came from. Storage
 stays the durable tier (other replicas, restarts); the memory tier obeys the
 same late-data rule (each segment keeps the time its computation started).
 """
@@ -101,10 +101,18 @@ class MemoryTier:
 def slice_segments(
     segments: list[Segment], start: int, end: int
 ) -> tuple[Int64Array, Float64Array]:
-    ts = np.concatenate([s.timestamps_ns for s in segments])
-    vs = np.concatenate([s.values for s in segments])
-    keep = (ts >= start) & (ts < end)
-    return ts[keep], vs[keep]
+    """The points of time-ordered, non-overlapping segments in ``[start, end)``.
+
+    One segment gives read-only views (no copy), several one read-only copy.
+    """
+    if len(segments) == 1:
+        ts, vs = segments[0].timestamps_ns, segments[0].values
+    else:
+        ts = np.concatenate([s.timestamps_ns for s in segments])
+        vs = np.concatenate([s.values for s in segments])
+        ts.flags.writeable = vs.flags.writeable = False
+    a, b = np.searchsorted(ts, (start, end), "left").tolist()
+    return ts[a:b], vs[a:b]
 
 
 class BackgroundWriter:

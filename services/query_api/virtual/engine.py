@@ -202,15 +202,18 @@ class Engine:
                     )
                 parts_ts.append(ts)
                 parts_vs.append(vs)
-        ts = np.concatenate(parts_ts)
-        vs = np.concatenate(parts_vs)
+        ts, vs = parts_ts[0], parts_vs[0]
         if len(parts_ts) > 1:
+            ts, vs = np.concatenate(parts_ts), np.concatenate(parts_vs)
             order = np.argsort(ts, kind="stable")
             ts, vs = ts[order], vs[order]
+        # The answer and the memory tier share these arrays (a copy of 100k points
+        # costs as much as reading them back from storage): read-only from here on.
+        ts.flags.writeable = vs.flags.writeable = False
         settled = min(end_ns, cutoff)
         if settled > g0:
-            keep = ts < settled
-            self.memory.put(name, Segment(g0, settled, oldest, comp.updated_ns, ts[keep], vs[keep]))
+            k = int(np.searchsorted(ts, settled, "left"))
+            self.memory.put(name, Segment(g0, settled, oldest, comp.updated_ns, ts[:k], vs[:k]))
         return Series(name, ts, vs)
 
     async def _memory_fresh(self, name: str, comp: Compiled, segs: list[Segment]) -> bool:

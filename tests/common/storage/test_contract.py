@@ -249,6 +249,40 @@ async def test_virtual_results_coverage_and_invalidation(backend: StorageBackend
     assert r.covered == [] and len(r.series) == 0
 
 
+async def test_virtual_results_exact_values_and_edges(backend: StorageBackend) -> None:
+    """Many points (several chunks), non-finite values, irregular and unsorted input,
+    an invalidation that cuts one range in two, and one that drops everything."""
+    await backend.put_virtual("/v/e", {"expression": "x"})
+    n = 20_000
+    ts = T0 + np.arange(n, dtype=np.int64) * S
+    vs = np.random.default_rng(3).normal(0, 1e3, n) / 3
+    vs[::97], vs[5], vs[6] = np.nan, np.inf, -np.inf
+    await backend.write_virtual_results("/v/e", T0, T0 + n * S, ts, vs, 1)
+    r = await backend.read_virtual_results("/v/e", T0 - S, T0 + (n + 1) * S)
+    assert r.covered == [(T0, T0 + n * S)] and r.computed_at_ns == [1]
+    assert r.series.timestamps_ns.tolist() == ts.tolist()
+    assert r.series.values.tobytes() == vs.tobytes()  # bit-exact, NaN and infinities too
+
+    cut = (T0 + 5000 * S + 1, T0 + 15_000 * S + 1)  # off-grid edges
+    await backend.invalidate_virtual("/v/e", *cut)
+    r = await backend.read_virtual_results("/v/e", T0, T0 + n * S)
+    assert r.covered == [(T0, cut[0]), (cut[1], T0 + n * S)]
+    keep = (ts < cut[0]) | (ts >= cut[1])
+    assert r.series.timestamps_ns.tolist() == ts[keep].tolist()
+    assert r.series.values.tobytes() == vs[keep].tobytes()
+
+    # Irregular, unsorted, with a duplicate (the last one wins) and points outside the range.
+    odd = at(7.5, 3, 1.25, 3, 12_000, -1)
+    await backend.write_virtual_results("/v/e", *cut, odd + 5000 * S, np.arange(6.0), 2)
+    r = await backend.read_virtual_results("/v/e", cut[0], cut[1])
+    assert r.covered == [cut] and r.computed_at_ns == [2]
+    assert_series(r.series, at(1.25, 3, 7.5) + 5000 * S, np.array([2.0, 3.0, 0.0]))
+
+    await backend.invalidate_virtual("/v/e", -(2**63), 2**63 - 1)
+    r = await backend.read_virtual_results("/v/e", -(2**63), 2**63 - 1)
+    assert r.covered == [] and len(r.series) == 0
+
+
 async def test_modified_since_reports_earliest_late_write(backend: StorageBackend) -> None:
     since = time.time_ns() - 1
     await backend.write(Batch.single("/ms/a", at(10, 11), [1.0, 2.0]))
