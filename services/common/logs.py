@@ -42,9 +42,11 @@ def setup(level: str = "INFO", json_format: bool = False) -> None:
         lg = logging.getLogger(name)
         lg.handlers.clear()
         lg.propagate = True
-    # uvicorn's per-server start/stop lines are noise when four servers share a process.
+    # uvicorn's per-server start/stop lines and httpx's line per request (the
+    # pusher polls the allocator every second) are noise at INFO.
     if level != "DEBUG":
-        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+        for noisy in ("uvicorn.error", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 class RateLimitedLog:
