@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -153,3 +156,38 @@ async def build_plugin(
 
 def by_name(group: Group, values: Any) -> dict[str, float]:
     return {s.name: float(v) for s, v in zip(group.sensors, values, strict=True)}
+
+
+class JsonServer:
+    """A real HTTP server on a free loopback port answering GET with ``doc`` as JSON.
+
+    ``path`` limits the answers to one path (404 elsewhere); ``status`` and ``doc``
+    may be changed while it runs. Stands in for the allocator or a JSON device API.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        owner = self
+        self.doc: Any = {}
+        self.status = 200
+        self.path = path
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                ok = owner.path is None or self.path == owner.path
+                body = json.dumps(owner.doc).encode()
+                self.send_response(owner.status if ok else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -138,20 +138,11 @@ class BacnetPlugin(Plugin):
             ) from exc
         groups: list[Group] = []
         for d in cfg.devices:
-            overrides = d.model_dump(exclude_unset=True, include=set(GroupOptions.model_fields))
-            opts = self.group_options(**overrides)
+            opts = self.options_of(d)
             device = Device(d)
             self.entities.append(device)
             sensors = [
-                self.sensor(
-                    f"{d.name}/{o.name}",
-                    opts,
-                    o.unit,
-                    **o.model_dump(
-                        exclude_unset=True, exclude={"name", "object", "property", "unit"}
-                    ),
-                )
-                for o in d.objects
+                self.configured_sensor(f"{d.name}/{o.name}", opts, o, o.unit) for o in d.objects
             ]
             groups.append(DeviceGroup(d.name, sensors, opts, device, self.app))
         return groups

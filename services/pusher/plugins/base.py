@@ -238,6 +238,18 @@ class Plugin(ABC):
         base = {k: getattr(group, k) for k in SensorOptions.model_fields}
         return SensorOptions.model_validate({**base, **overrides})
 
+    def options_of(self, section: GroupOptions) -> GroupOptions:
+        """Options of a group or entity sub-section: the plugin's, then the keys it sets."""
+        keys = set(GroupOptions.model_fields)
+        return self.group_options(**section.model_dump(exclude_unset=True, include=keys))
+
+    def configured_sensor(
+        self, rel: str, group: GroupOptions, section: SensorOptions, unit: str | None = None
+    ) -> Sensor:
+        """A sensor whose own sub-section may set DCDB options (delta, factor, metadata, ...)."""
+        keys = set(SensorOptions.model_fields)
+        return self.sensor(rel, group, unit, **section.model_dump(exclude_unset=True, include=keys))
+
     def sensor(
         self,
         rel: str,

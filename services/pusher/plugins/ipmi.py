@@ -16,7 +16,7 @@ import asyncio
 import logging
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
@@ -158,10 +158,7 @@ class IpmiPlugin(Plugin):
         for h in cfg.hosts:
             bmc = Bmc(h, cfg, self.context.config_dir)
             self.entities.append(bmc)
-            overrides: dict[str, Any] = h.model_dump(
-                exclude_unset=True, include=set(GroupOptions.model_fields)
-            )
-            opts = self.group_options(**overrides)
+            opts = self.options_of(h)
             try:
                 found = await asyncio.wait_for(
                     self._probe(bmc, cfg), (opts.timeout_ms or 5000) / 1000

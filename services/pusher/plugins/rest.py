@@ -244,8 +244,7 @@ class RestPlugin(Plugin):
         assert isinstance(cfg, RestConfig)
         groups: list[Group] = []
         for e in cfg.endpoints:
-            overrides = e.model_dump(exclude_unset=True, include=set(GroupOptions.model_fields))
-            opts = self.group_options(**overrides)
+            opts = self.options_of(e)
             endpoint = Endpoint(e, (opts.timeout_ms or opts.interval_ms) / 1000)
             await endpoint.open()
             self.entities.append(endpoint)
@@ -256,13 +255,7 @@ class RestPlugin(Plugin):
                         "format json needs 'sensors' (name and path)"
                     )
                 sensors = [
-                    self.sensor(
-                        f"{e.name}/{s.name}",
-                        opts,
-                        s.unit,
-                        **s.model_dump(exclude_unset=True, exclude={"name", "path", "unit"}),
-                    )
-                    for s in e.sensors
+                    self.configured_sensor(f"{e.name}/{s.name}", opts, s, s.unit) for s in e.sensors
                 ]
                 paths = [parse_path(s.path) for s in e.sensors]
                 groups.append(JsonGroup(e.name, sensors, opts, endpoint, paths))

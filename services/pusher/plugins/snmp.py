@@ -188,16 +188,14 @@ class SnmpPlugin(Plugin):
         self.engine = h.SnmpEngine()
         groups: list[Group] = []
         for a in cfg.agents:
-            overrides = a.model_dump(exclude_unset=True, include=set(GroupOptions.model_fields))
-            opts = self.group_options(**overrides)
+            opts = self.options_of(a)
             # pysnmp's own timeout stays inside the read timeout, so it reports first.
             agent = Agent(a, self.engine, 0.8 * (opts.timeout_ms or opts.interval_ms) / 1000)
             await agent.open()
             self.entities.append(agent)
-            sensors = []
-            for o in a.sensors:
-                extra = o.model_dump(exclude_unset=True, exclude={"name", "oid", "unit"})
-                sensors.append(self.sensor(f"{a.name}/{o.name}", opts, o.unit, **extra))
+            sensors = [
+                self.configured_sensor(f"{a.name}/{o.name}", opts, o, o.unit) for o in a.sensors
+            ]
             groups.append(
                 AgentGroup(
                     a.name, sensors, opts, agent, [o.oid for o in a.sensors], cfg.max_oids_per_get

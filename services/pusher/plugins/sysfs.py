@@ -177,9 +177,7 @@ class SysfsPlugin(Plugin):
             if rapl is not None:
                 groups.append(rapl)
         for g in cfg.groups:
-            gopts = self.group_options(
-                **g.model_dump(exclude_unset=True, exclude={"name", "sensors"})
-            )
+            gopts = self.options_of(g)
             sensors, paths, regexes = [], [], []
             for s in g.sensors:
                 path = Path(s.path) if Path(s.path).is_absolute() else root / s.path
@@ -188,8 +186,7 @@ class SysfsPlugin(Plugin):
                         f"sysfs plugin {self.context.instance!r}, group {g.name!r}, sensor "
                         f"{s.name!r}: file {path} does not exist"
                     )
-                extra = s.model_dump(exclude_unset=True, exclude={"name", "path", "regex", "unit"})
-                sensors.append(self.sensor(s.name, gopts, s.unit, **extra))
+                sensors.append(self.configured_sensor(s.name, gopts, s, s.unit))
                 paths.append(path)
                 regexes.append(s.regex)
             groups.append(FileGroup(g.name, sensors, gopts, paths, [1.0] * len(paths), regexes))

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 from services.common.thermal import node_sensor, reference_hall
-from tests.pusher.conftest import Collector, build_plugin, by_name, make_config, running
+from tests.pusher.conftest import (
+    Collector,
+    JsonServer,
+    build_plugin,
+    by_name,
+    make_config,
+    running,
+)
 from tests.support.servers import Mosquitto
 
 HALL = reference_hall()
@@ -33,40 +37,18 @@ def hall_doc(busy: set[int], power_w: dict[int, float]) -> dict[str, Any]:
     return {"name": "reference-40", "rows": 2, "racks": 5, "slots": 4, "nodes": nodes, "totals": {}}
 
 
-class AllocatorStandIn(http.server.BaseHTTPRequestHandler):
-    doc: ClassVar[dict[str, Any]] = {}
-    requests: ClassVar[int] = 0
-
-    def do_GET(self) -> None:
-        type(self).requests += 1
-        body = json.dumps(self.doc).encode()
-        self.send_response(200 if self.path == "/api/v1/hall" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def allocator() -> Iterator[tuple[str, http.server.ThreadingHTTPServer]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AllocatorStandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def allocator() -> Iterator[JsonServer]:
+    server = JsonServer("/api/v1/hall")
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server
+        yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
-async def test_powers_and_inlets_follow_the_placement(
-    allocator: tuple[str, http.server.ThreadingHTTPServer],
-) -> None:
-    url, server = allocator
-    AllocatorStandIn.doc = hall_doc(busy={0, 1, 2}, power_w={2: 2100.0})
-    section = {"allocator_url": url, "noise_power_w": 0, "noise_temp_c": 0}
+async def test_powers_and_inlets_follow_the_placement(allocator: JsonServer) -> None:
+    allocator.doc = hall_doc(busy={0, 1, 2}, power_w={2: 2100.0})
+    section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0}
     errors: list[str] = []
     plugin, (group,) = await build_plugin("datacenter", section)
     plugin.context.count_error = errors.append
@@ -84,8 +66,7 @@ async def test_powers_and_inlets_follow_the_placement(
     assert units["/hall/row1/rack4/node3/power"] == "W"
     assert units["/hall/row1/rack4/node3/inlet_temp"] == "°C"
     # The allocator goes away: the last placement stays, the error is counted.
-    server.shutdown()
-    server.server_close()
+    allocator.close()
     again = by_name(group, await group.read_async(0))
     assert again == values
     assert errors == ["allocator_unreachable"]
@@ -93,14 +74,11 @@ async def test_powers_and_inlets_follow_the_placement(
     await plugin.close()
 
 
-async def test_noise_and_a_mismatched_hall(
-    allocator: tuple[str, http.server.ThreadingHTTPServer],
-) -> None:
-    url, _ = allocator
+async def test_noise_and_a_mismatched_hall(allocator: JsonServer) -> None:
     doc = hall_doc(busy=set(), power_w={})
-    AllocatorStandIn.doc = {**doc, "nodes": doc["nodes"][:20]}
+    allocator.doc = {**doc, "nodes": doc["nodes"][:20]}
     errors: list[str] = []
-    plugin, (group,) = await build_plugin("datacenter", {"allocator_url": url, "seed": 7})
+    plugin, (group,) = await build_plugin("datacenter", {"allocator_url": allocator.url, "seed": 7})
     plugin.context.count_error = errors.append
     values = await group.read_async(0)
     n = HALL.n_nodes
@@ -115,12 +93,14 @@ async def test_demo_profile_publishes_the_hall(
     tmp_path: Path,
     mosquitto_broker: Mosquitto,
     collector: Collector,
-    allocator: tuple[str, http.server.ThreadingHTTPServer],
+    allocator: JsonServer,
 ) -> None:
-    url, _ = allocator
-    AllocatorStandIn.doc = hall_doc(busy={5}, power_w={})
+    allocator.doc = hall_doc(busy={5}, power_w={})
     cfg = make_config(
-        tmp_path, {"allocator_url": url}, profile="demo", broker_port=mosquitto_broker.port
+        tmp_path,
+        {"allocator_url": allocator.url},
+        profile="demo",
+        broker_port=mosquitto_broker.port,
     )
     name = node_sensor(HALL, 5, "power")
     async with running(cfg) as svc:

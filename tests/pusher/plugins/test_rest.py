@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import http.server
-import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 from services.common.errors import ConfigError, KelvinError
-from tests.pusher.conftest import build_plugin, by_name
+from tests.pusher.conftest import JsonServer, build_plugin, by_name
 from tests.support.servers import free_port, require_binary, wait_port
 
 
@@ -43,31 +39,13 @@ def node_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(10)
 
 
-class JsonHandler(http.server.BaseHTTPRequestHandler):
-    doc: ClassVar[dict[str, Any]] = {}
-    status: ClassVar[int] = 200
-
-    def do_GET(self) -> None:
-        body = json.dumps(self.doc).encode()
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def json_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JsonHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def json_server() -> Iterator[JsonServer]:
+    server = JsonServer()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/status"
+        yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 async def test_node_exporter_becomes_a_source(node_exporter: str) -> None:
@@ -121,17 +99,16 @@ async def test_labels_become_name_levels(node_exporter: str) -> None:
     await plugin.close()
 
 
-async def test_json_paths_numbers_strings_and_missing(json_server: str) -> None:
-    JsonHandler.doc = {
+async def test_json_paths_numbers_strings_and_missing(json_server: JsonServer) -> None:
+    json_server.doc = {
         "hall": {"racks": [{"inlet": 21.5}, {"inlet": "22.75"}], "odd.key": True},
         "status": "ok",
     }
-    JsonHandler.status = 200
     section = {
         "endpoints": [
             {
                 "name": "crac",
-                "url": json_server,
+                "url": json_server.url + "/status",
                 "sensors": [
                     {"name": "rack0/inlet", "path": "hall.racks[0].inlet", "unit": "°C"},
                     {"name": "rack1/inlet", "path": "$.hall.racks[1].inlet"},
@@ -146,7 +123,7 @@ async def test_json_paths_numbers_strings_and_missing(json_server: str) -> None:
     values = (await group.read_async(0)).tolist()
     assert values[:3] == [21.5, 22.75, 1.0] and np.isnan(values[3]) and np.isnan(values[4])
     assert group.sensors[0].unit == "°C"
-    JsonHandler.status = 503
+    json_server.status = 503
     with pytest.raises(KelvinError, match="HTTP 503"):
         await group.read_async(0)
     await plugin.close()
