@@ -23,7 +23,7 @@ from services.common.cache import SensorCache
 from services.common.errors import ConfigError, KelvinError, NotFoundError, SensorNameError
 from services.pusher.config import plugin_type, validate_section
 from services.pusher.metrics import PusherMetrics
-from services.pusher.plugins.base import Plugin, PluginConfig, PluginContext
+from services.pusher.plugins.base import Group, Plugin, PluginConfig, PluginContext
 from services.pusher.publisher import Publisher
 from services.pusher.sampling import GroupRunner
 
@@ -131,11 +131,11 @@ class PluginManager:
                 try:
                     names.validate(s.name)
                 except SensorNameError as exc:
-                    await plugin.close()
+                    await _discard(plugin, groups)
                     raise ConfigError(f"{origin}: pusher.plugins.{inst.name}: {exc}") from exc
                 other = taken.get(s.name)
                 if s.name in seen or (other is not None and other != inst.name):
-                    await plugin.close()
+                    await _discard(plugin, groups)
                     by = f"plugin {other!r}" if other and other != inst.name else "itself"
                     raise ConfigError(
                         f"{origin}: pusher.plugins.{inst.name}: sensor {s.name} is already "
@@ -256,3 +256,13 @@ class PluginManager:
         running = [i for i in self.instances.values() if i.state == "running"]
         self.metrics.plugins.set(len(running))
         self.metrics.sensors.set(sum(len(i.sensor_names) for i in self.instances.values()))
+
+
+async def _discard(plugin: Plugin, groups: list[Group]) -> None:
+    """Release a plugin whose groups will never run (its file descriptors, connections)."""
+    for g in groups:
+        try:
+            g.close()
+        except Exception:
+            log.exception("closing group %s failed", g.name)
+    await plugin.close()
