@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from services.common import names
@@ -101,6 +101,11 @@ class PluginConfig(GroupOptions):
     """Start sampling when loaded."""
     prefix: str | None = None
     """Sensor-name prefix of this plugin (default ``<pusher prefix>/<section name>``)."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        return None if v is None else names.validate_prefix(v)
 
     def group_defaults(self) -> dict[str, Any]:
         """The group and sensor options set at plugin level, for groups to inherit."""

@@ -33,3 +33,5 @@ async def test_bad_values_name_the_key() -> None:
         await build_plugin("tester", {"mode": "square"})
     with pytest.raises(ConfigError, match=r"pusher\.plugins\.tester\.colour: unknown key"):
         await build_plugin("tester", {"colour": "red"})
+    with pytest.raises(ConfigError, match=r"pusher\.plugins\.tester\.prefix: .*wildcard"):
+        await build_plugin("tester", {"prefix": "/a/+/b"})
