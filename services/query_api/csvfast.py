@@ -1,108 +1,77 @@
 """DCDB CSV lines (``Sensor,Time,Value``) built with numpy, without a Python loop per reading.
 
 Formatting a million readings with f-strings costs ~1.6 s; this module does it
-in ~0.15 s so that a CSV response stays within reach of the raw storage read.
-How: ISO times are fixed-width, so their digits go into a byte matrix through
-lookup tables; values are formatted by orjson (shortest round-trip repr, the
-same digits as Python's ``repr``) and cut at the commas; lines are then
-assembled by scattering 8-byte words into the output buffer through an
-*overlapping* uint64 view (one element per byte offset). Writes are ordered
-so that every spill past a field is overwritten by the right bytes later.
+in ~45 ms (docs/query-api.md has the measurements). How:
+
+- **Heads** (``name,`` + time + ``,``) are fixed-width rows of a byte matrix.
+  ISO times come from lookup tables: one ``YYYY-MM-DDT`` string per distinct
+  day of the slice, a table of the 86,400 ``HH:MM:SS`` strings, and one of the
+  1,000 three-digit groups for the nanoseconds, each copied into its columns
+  as one fixed-size ``void`` item per row (a memcpy, not per-byte work).
+- **Values** are formatted by orjson (shortest round-trip digits, the same
+  digits as Python's ``repr``), whose separators become the newlines.
+- **Lines** are assembled with two scatters through *overlapping* ``void``
+  views of the output (an item at every byte offset): each value plus its
+  newline as a window that ends exactly where the line ends (its spill lands
+  in the line's own head), then the heads over the spills.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from services.common.readings import Float64Array, Int64Array
+from services.query_api.csvtimes import ISO_WIDTH, U8, cols, int_into, iso_into, scratch
 
-NS_PER_DAY = 86_400 * 1_000_000_000
-ISO_WIDTH = 30
-"""``2026-11-30T12:00:00.123456789Z``"""
-
-_DIGITS2 = np.array([[48 + i // 10, 48 + i % 10] for i in range(100)], np.uint8).view("<u2")[:, 0]
-_U8 = npt.NDArray[np.uint8]
-
-
-def _civil(days: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
-    """Days since 1970-01-01 -> (year, month, day), proleptic Gregorian (H. Hinnant's algorithm)."""
-    z = days + 719_468
-    era = z // 146_097
-    doe = z - era * 146_097
-    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    day = doy - (153 * mp + 2) // 5 + 1
-    month = np.where(mp < 10, mp + 3, mp - 9)
-    year = yoe + era * 400 + (month <= 2)
-    return year, month, day
+_MIN_NS, _MAX_NS = -62_135_596_800 * 10**9, 253_402_300_800 * 10**9
+"""Years 0001 to 9999: the fixed-width range of ISO 8601 times."""
+_PAD = 32
+"""Bytes before the first token and the first line: more than a token and its newline."""
 
 
-def _strided(buf: _U8, offset: int, stride: int, n: int, dtype: str) -> npt.NDArray[np.generic]:
-    return np.ndarray((n,), dtype, buffer=buf, offset=offset, strides=(stride,))
+def _void_at_every_byte(buf: U8, size: int) -> npt.NDArray[np.void]:
+    """An item of ``size`` bytes at every byte offset of ``buf`` (overlapping view)."""
+    return np.ndarray((buf.shape[0] - size + 1,), f"V{size}", buffer=buf, strides=(1,))
 
 
-def iso_into(ts_ns: Int64Array, buf: _U8, offset: int, stride: int) -> None:
-    """Write ``YYYY-MM-DDTHH:MM:SS.fffffffffZ`` for each timestamp at ``offset + i * stride``."""
-    n = ts_ns.shape[0]
-    days = ts_ns // NS_PER_DAY
-    sod = ts_ns - days * NS_PER_DAY
-    year, month, day = _civil(days)
-    sec = sod // 1_000_000_000
-    frac = sod - sec * 1_000_000_000
+class _Heads(threading.local):
+    """Per thread: the head matrix, and how much of it already holds the constant bytes.
 
-    def two(at: int, x: Int64Array) -> None:
-        _strided(buf, offset + at, stride, n, "<u2")[:] = _DIGITS2[x]
+    The constant bytes (name, separators) are written once per layout and kept
+    from call to call: the next slice of the same sensor only writes its times.
+    """
 
-    def one(at: int, x: int | Int64Array) -> None:
-        _strided(buf, offset + at, stride, n, "u1")[:] = x
+    def __init__(self) -> None:
+        self.buf: U8 = np.empty(0, np.uint8)
+        self.layout: tuple[bytes, int, tuple[tuple[int, bytes], ...]] | None = None
+        self.rows = 0
+        """Rows holding the layout's constant bytes."""
+        self.zero_rows = 0
+        """Rows whose nanosecond columns hold zeros."""
 
-    two(0, year // 100)
-    two(2, year % 100)
-    one(4, 45)  # -
-    two(5, month)
-    one(7, 45)
-    two(8, day)
-    one(10, 84)  # T
-    two(11, sec // 3600)
-    one(13, 58)  # :
-    two(14, (sec // 60) % 60)
-    one(16, 58)
-    two(17, sec % 60)
-    one(19, 46)  # .
-    two(20, frac // 10_000_000)
-    two(22, (frac // 100_000) % 100)
-    two(24, (frac // 1_000) % 100)
-    two(26, (frac // 10) % 100)
-    one(28, frac % 10 + 48)
-    one(29, 90)  # Z
+    def get(self, prefix: bytes, width: int, n: int, consts: dict[int, bytes]) -> U8:
+        layout = (prefix, width, tuple(sorted(consts.items())))
+        if self.buf.shape[0] < n * width:
+            self.buf = np.empty(max(n * width, 1 << 16), np.uint8)
+            self.rows = self.zero_rows = 0
+        if layout != self.layout:
+            self.layout, self.rows, self.zero_rows = layout, 0, 0
+        head = self.buf[: n * width].reshape(n, width)
+        if self.rows < n:
+            rest = head[self.rows :]
+            cols(rest, 0, len(prefix))[:] = np.void(prefix)
+            for at, text in consts.items():
+                cols(rest, at, at + len(text))[:] = np.void(text)
+            self.rows = n
+        return head
 
 
-def _words(buf: _U8) -> npt.NDArray[np.uint64]:
-    """A uint64 at every byte offset of ``buf`` (overlapping view, for 8-byte scatters)."""
-    return np.ndarray((buf.shape[0] - 7,), "<u8", buffer=buf, offset=0, strides=(1,))
-
-
-def _tokens(values: Float64Array) -> tuple[_U8, Int64Array, Int64Array]:
-    """Shortest repr of each value as bytes in one buffer (8 zero bytes padding each side),
-    with each token's start and length; NaN gives an empty token."""
-    raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
-    body = np.frombuffer(b"\0" * 8 + raw[1:-1] + b"\0" * 8, np.uint8)
-    commas = np.flatnonzero(body == 44)
-    n = values.shape[0]
-    starts = np.empty(n, np.int64)
-    starts[0] = 8
-    starts[1:] = commas + 1
-    ends = np.empty(n, np.int64)
-    ends[:-1] = commas
-    ends[-1] = len(raw) - 2 + 8
-    lengths = ends - starts
-    lengths[np.isnan(values)] = 0  # orjson writes null
-    return body, starts, lengths
+_heads = _Heads()
 
 
 def lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool = True) -> bytes:
@@ -110,75 +79,68 @@ def lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool = True) 
     n = ts_ns.shape[0]
     if n == 0:
         return b""
-    finite_or_nan = np.isfinite(values) | np.isnan(values)
-    years_ok = True
-    if iso:
-        lo, hi = int(ts_ns.min()), int(ts_ns.max())
-        years_ok = lo >= -62_135_596_800 * 10**9 and hi < 253_402_300_800 * 10**9
-    if not bool(finite_or_nan.all()) or not years_ok:
+    if bool(np.isinf(values).any()):
         return _slow_lines(name, ts_ns, values, iso)
     prefix = _csv_field(name).encode() + b","
-    if iso:
-        width = len(prefix) + ISO_WIDTH + 1
-        fixed = np.empty(n * width + 8, np.uint8)
-        fixed[: n * width].reshape(n, width)[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-        iso_into(ts_ns, fixed, len(prefix), width)
-        _strided(fixed, width - 1, width, n, "u1")[:] = 44
-        return _assemble(fixed, width, _tokens(values))
+    p = len(prefix)
     lo, hi = int(ts_ns.min()), int(ts_ns.max())
-    digits = len(str(hi))
-    if lo < 0 or len(str(lo)) != digits:  # raw times must share a width for the fast path
-        return _slow_lines(name, ts_ns, values, iso)
-    width = len(prefix) + digits + 1
-    fixed = np.empty(n * width + 8, np.uint8)
-    fixed[: n * width].reshape(n, width)[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    int_into(ts_ns, digits, fixed, len(prefix), width)
-    _strided(fixed, width - 1, width, n, "u1")[:] = 44
-    return _assemble(fixed, width, _tokens(values))
+    if iso:
+        if lo < _MIN_NS or hi >= _MAX_NS:
+            return _slow_lines(name, ts_ns, values, iso)
+        width = p + ISO_WIDTH + 1
+        head = _heads.get(prefix, width, n, {p + 19: b".", p + 29: b"Z,"})
+        zeros = iso_into(ts_ns, head, p, zeros_kept=_heads.zero_rows >= n)
+        _heads.zero_rows = max(_heads.zero_rows, n) if zeros else 0
+    else:
+        digits = len(str(hi))
+        if lo < 0 or len(str(lo)) != digits:  # raw times must share a width for the fast path
+            return _slow_lines(name, ts_ns, values, iso)
+        width = p + digits + 1
+        head = _heads.get(prefix, width, n, {width - 1: b","})
+        int_into(ts_ns, digits, head, p)
+    out = _assemble(head, values)
+    return _slow_lines(name, ts_ns, values, iso) if out is None else out
 
 
-def int_into(values: Int64Array, digits: int, buf: _U8, offset: int, stride: int) -> None:
-    """Write non-negative integers of exactly ``digits`` digits at ``offset + i * stride``."""
-    n = values.shape[0]
-    at, rest = 0, digits
-    if rest % 2:
-        _strided(buf, offset, stride, n, "u1")[:] = values // 10 ** (rest - 1) + 48
-        at, rest = 1, rest - 1
-    while rest:
-        pair = (values // 10 ** (rest - 2)) % 100
-        _strided(buf, offset + at, stride, n, "<u2")[:] = _DIGITS2[pair]
-        at, rest = at + 2, rest - 2
-
-
-def _assemble(fixed: _U8, width: int, tokens: tuple[_U8, Int64Array, Int64Array]) -> bytes:
-    """Lines = fixed-width head (row i of ``fixed``) + value token + newline."""
-    body, starts, lengths = tokens
-    n = lengths.shape[0]
-    line_len = width + lengths + 1
-    line_start = np.empty(n, np.int64)
-    line_start[0] = 8
-    np.cumsum(line_len[:-1], out=line_start[1:])
-    line_start[1:] += 8
-    total = int(line_start[-1] + line_len[-1]) + 8
-    out = np.empty(total, np.uint8)
-    out_w, body_w, fixed_w = _words(out), _words(body), _words(fixed)
-    # values first, as words ending exactly at each token's end: spills go backwards
-    # into the head, which is written afterwards
-    token_end = line_start + width + lengths
-    src_end = starts + lengths
-    for k in range(0, int(lengths.max()), 8):
-        sel = lengths > k
-        if bool(sel.all()):
-            out_w[token_end - 8 - k] = body_w[src_end - 8 - k]
-        else:
-            rows = np.flatnonzero(sel)
-            out_w[token_end[rows] - 8 - k] = body_w[src_end[rows] - 8 - k]
-    head = np.arange(n, dtype=np.int64) * width
-    for k in range(0, width, 8):
-        at = min(k, width - 8)  # the last word ends exactly at the head's end
-        out_w[line_start + at] = fixed_w[head + at]
-    out[line_start + line_len - 1] = 10
-    return out[8 : total - 8].tobytes()
+def _assemble(head: U8, values: Float64Array) -> bytes | None:
+    """Lines = row i of ``head`` + shortest repr of ``values[i]`` (NaN: nothing) + newline;
+    None when a value is longer than the head is wide (short names with raw times)."""
+    n, width = head.shape
+    raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)  # [1.5,null,...]
+    body = scratch("body", _PAD + len(raw))
+    body[:_PAD] = 0
+    body[_PAD:] = np.frombuffer(raw, np.uint8)
+    work = scratch("assemble", 4 * n, np.int64)
+    ends, length, line_end, at = work[:n], work[n : 2 * n], work[2 * n : 3 * n], work[3 * n :]
+    # where each token's separator is: the n - 1 commas, then the closing bracket
+    ends[:-1] = np.flatnonzero(body == 44)  # 3x faster than np.compress into a buffer
+    ends[-1] = body.shape[0] - 1
+    body[ends] = 10  # every separator becomes the newline that ends its line
+    length[0] = ends[0] - _PAD - 1
+    np.subtract(ends[1:], ends[:-1], out=length[1:])
+    length[1:] -= 1
+    nan = np.isnan(values)
+    if bool(nan.any()):
+        length[nan] = 0  # orjson wrote null: the field stays empty
+    window = int(length.max()) + 1
+    if window > min(_PAD, width + 1):  # a spill would reach the line before
+        return None
+    np.add(length, width + 1, out=at)
+    np.cumsum(at, out=line_end)
+    total = int(line_end[-1])
+    out = scratch("out", _PAD + total)
+    line_end += _PAD
+    # values with their newline first, as windows ending where each line ends: what
+    # they drag along from the left lands inside the line's own head...
+    np.add(ends, 1 - window, out=ends)
+    tokens = _void_at_every_byte(body, window)[ends]  # faster than np.take into a buffer
+    np.subtract(line_end, window, out=at)
+    _void_at_every_byte(out, window)[at] = tokens
+    # ...which the heads then overwrite
+    np.subtract(line_end, length, out=at)
+    at -= width + 1
+    _void_at_every_byte(out, width)[at] = head.view(f"V{width}")[:, 0]
+    return out[_PAD:].tobytes()
 
 
 def _slow_lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool) -> bytes:

@@ -12,6 +12,7 @@ keys; ``count`` comes last because it is known only at the end.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -25,6 +26,11 @@ from services.query_api.spec import Spec
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
+READ_AHEAD = 2
+"""Slices being read while one is encoded: storage decompresses without the GIL, so
+two reads use both cores of a small machine."""
+
+
 def is_plain(spec: Spec) -> bool:
     return not spec.operations and not spec.has_wildcard
 
@@ -32,7 +38,7 @@ def is_plain(spec: Spec) -> bool:
 async def pieces(
     reader: Reader, spec: Spec, start_ns: int, end_ns: int, count: int
 ) -> AsyncIterator[Result]:
-    """The answer for a plain ``spec`` slice by slice, reading one slice ahead."""
+    """The answer for a plain ``spec`` slice by slice, reading ``READ_AHEAD`` slices ahead."""
     unit = await reader.catalog.unit(spec.sensor) or ""
     bounds = np.unique(np.linspace(start_ns, end_ns, count + 1).astype(np.int64)).tolist()
     bounds[0], bounds[-1] = start_ns, end_ns
@@ -40,22 +46,30 @@ async def pieces(
     def read(i: int) -> asyncio.Future[Series]:
         return asyncio.ensure_future(reader.series(spec.sensor, bounds[i], bounds[i + 1]))
 
-    ahead = read(0)
+    slices = len(bounds) - 1
+    ahead = deque(read(i) for i in range(min(READ_AHEAD, slices)))
     try:
-        for i in range(len(bounds) - 1):
-            raw = await ahead
-            if i + 2 < len(bounds):
-                ahead = read(i + 1)
+        for i in range(slices):
+            raw = await ahead.popleft()
+            if i + READ_AHEAD < slices:
+                ahead.append(read(i + READ_AHEAD))
+                # let the read reach its storage thread before this slice is encoded,
+                # which holds the event loop: else nothing overlaps
+                await asyncio.sleep(0)
             yield apply(spec, spec.sensor, unit, raw, start_ns, None, "avg")
     finally:
-        if not ahead.done():
-            ahead.cancel()
+        for fut in ahead:
+            fut.cancel()
 
 
 async def json_body(
     head: Result, parts: AsyncIterator[Result], start_ns: int, end_ns: int
-) -> AsyncIterator[bytes]:
-    """The readings JSON object; ``head`` (an empty result) gives sensor, unit and label."""
+) -> AsyncIterator[bytes | memoryview]:
+    """The readings JSON object; ``head`` (an empty result) gives sensor, unit and label.
+
+    Each slice's numbers are sent as orjson wrote them (a view without the
+    brackets, no copy); the values wait for the end, encoded already.
+    """
     meta = {
         "sensor": head.sensor,
         "unit": head.unit,
@@ -64,29 +78,55 @@ async def json_body(
         "end_ns": end_ns,
     }
     yield orjson.dumps(meta)[:-1] + b',"timestamps_ns":['
-    values = []
+    values: list[memoryview] = []
     count = 0
+    loop = asyncio.get_running_loop()
     async for part in parts:
         if len(part) == 0:
             continue
-        body = orjson.dumps(part.timestamps_ns, option=_NUMPY)[1:-1]
-        yield body if count == 0 else b"," + body
+        if count:
+            yield b","
+        ts_body, vs_body = await loop.run_in_executor(None, _json_numbers, part)
+        yield ts_body
         count += len(part)
-        values.append(orjson.dumps(part.values, option=_NUMPY)[1:-1])
-    yield b'],"values":[' + b",".join(values) + b'],"count":' + str(count).encode() + b"}"
+        values.append(vs_body)
+    yield b'],"values":['
+    for i, body in enumerate(values):
+        if i:
+            yield b","
+        yield body
+        values[i] = memoryview(b"")  # sent: let it go
+    yield b'],"count":' + str(count).encode() + b"}"
+
+
+def _json_numbers(part: Result) -> tuple[memoryview, memoryview]:
+    """A slice's timestamps and values as JSON numbers without brackets (views, no copy)."""
+    ts = orjson.dumps(part.timestamps_ns, option=_NUMPY)
+    vs = orjson.dumps(part.values, option=_NUMPY)
+    return memoryview(ts)[1:-1], memoryview(vs)[1:-1]
+
+
+CSV_POINTS = 32_768
+"""Readings per CSV piece: ~2 MB of text, small enough to stay in cache and for the
+allocator to reuse its memory (8x larger pieces measured ~20 % slower)."""
+CSV_AHEAD = 3
+"""Pieces encoded at once on worker threads (numpy releases the GIL)."""
 
 
 async def csv_lines(parts: AsyncIterator[Result], iso: bool) -> AsyncIterator[bytes]:
-    """DCDB CSV lines of each slice, encoded on worker threads, two slices at a time."""
-    pending: asyncio.Future[bytes] | None = None
-    async for part in parts:
-        if len(part) == 0:
-            continue
-        nxt = asyncio.ensure_future(
-            asyncio.to_thread(csvfast.lines, part.sensor, part.timestamps_ns, part.values, iso)
-        )
-        if pending is not None:
-            yield await pending
-        pending = nxt
-    if pending is not None:
-        yield await pending
+    """DCDB CSV lines of each slice, encoded on worker threads a few pieces ahead."""
+    loop = asyncio.get_running_loop()
+    pending: deque[asyncio.Future[bytes]] = deque()
+    try:
+        async for part in parts:
+            for i in range(0, len(part), CSV_POINTS):
+                ts, vs = part.timestamps_ns[i : i + CSV_POINTS], part.values[i : i + CSV_POINTS]
+                # submitted now (a task would only start at the next await)
+                pending.append(loop.run_in_executor(None, csvfast.lines, part.sensor, ts, vs, iso))
+                if len(pending) >= CSV_AHEAD:
+                    yield await pending.popleft()
+        while pending:
+            yield await pending.popleft()
+    finally:
+        for fut in pending:  # the client went away: nobody waits for these
+            fut.cancel()

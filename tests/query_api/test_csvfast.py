@@ -1,0 +1,76 @@
+"""The numpy CSV formatter against Python's own formatting, line by line."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from services.common.times import format_iso_many
+from services.query_api import csvfast
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+SECOND = 10**9
+
+
+def _check(name: str, ts: np.ndarray, vs: np.ndarray, iso: bool) -> None:
+    fast = csvfast.lines(name, ts, vs, iso).decode().split("\n")
+    assert fast[-1] == ""  # every line ends with a newline
+    times = format_iso_many(ts) if iso else [str(t) for t in ts.tolist()]
+    field = '"' + name.replace('"', '""') + '"' if any(c in name for c in ',"') else name
+    assert len(fast) - 1 == len(ts)
+    for line, t, v in zip(fast[:-1], times, vs.tolist(), strict=True):
+        head, _, value = line.rpartition(",")
+        assert head == f"{field},{t}"
+        if np.isnan(v):
+            assert value == ""
+        else:  # bit-exact round trip, and Python's digits where it writes no exponent
+            assert np.float64(float(value)).tobytes() == np.float64(v).tobytes(), (value, v)
+            if v == 0 or 1e-4 <= abs(v) < 1e16:
+                assert value == repr(v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ts=hnp.arrays(np.int64, st.integers(1, 300), elements=I64),
+    bits=hnp.arrays(np.uint64, 300, elements=st.integers(0, 2**64 - 1)),
+    sort=st.booleans(),
+    name=st.sampled_from(["/a", "/hall/row0/rack0/node0/power", '/x,"y"']),
+)
+def test_any_times_and_values_match_python(
+    ts: np.ndarray, bits: np.ndarray, sort: bool, name: str
+) -> None:
+    """Any int64 time (sub-second, before 1970, unsorted) and any float64 bit pattern
+    (subnormal, huge, NaN; ±inf takes the Python path)."""
+    vs = bits[: ts.shape[0]].view(np.float64).copy()
+    ts = np.sort(ts) if sort else ts
+    _check(name, ts, vs, iso=True)
+    _check(name, np.abs(ts[ts > -(2**63)]), vs[ts > -(2**63)], iso=False)
+
+
+def test_typical_sensor_data_is_exact_text() -> None:
+    """Whole seconds across a day boundary, then sub-second times, 3-decimal values, gaps."""
+    t0 = (1_764_547_200 - 5) * SECOND  # 2025-11-30T23:59:55Z
+    ts = t0 + np.arange(10, dtype=np.int64) * SECOND
+    vs = np.round(np.linspace(-2.5, 250.123, 10), 3)
+    vs[3] = np.nan
+    out = csvfast.lines("/n/p", ts, vs).decode().splitlines()
+    assert out[0] == f"/n/p,2025-11-30T23:59:55.000000000Z,{float(vs[0])!r}"
+    assert out[3] == "/n/p,2025-11-30T23:59:58.000000000Z,"
+    assert out[5] == f"/n/p,2025-12-01T00:00:00.000000000Z,{float(vs[5])!r}"
+    _check("/n/p", ts, vs, iso=True)
+    # the same thread formats the next slice with fractions, then whole seconds again
+    _check("/n/p", ts + 123_456_789, vs, iso=True)
+    _check("/n/p", ts[:4], vs[:4], iso=True)
+    _check("/other", ts, vs, iso=False)
+
+
+def test_infinities_and_long_values_with_short_heads_take_the_python_path() -> None:
+    ts = np.array([1, 2], dtype=np.int64)
+    assert csvfast.lines("/a", ts, np.array([np.inf, -np.inf]), iso=False) == (
+        b"/a,1,inf\n/a,2,-inf\n"
+    )
+    tiny = np.array([-2.2250738585072014e-308, 1.0])  # longer than "/a,1," is wide
+    assert csvfast.lines("/a", ts, tiny, iso=False) == b"/a,1,-2.2250738585072014e-308\n/a,2,1.0\n"
+    assert csvfast.lines("/a", ts[:0], tiny[:0]) == b""
