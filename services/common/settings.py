@@ -210,11 +210,11 @@ def _field_names(cls: type[BaseModel], loc: list[str]) -> list[str]:
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
             return []
-        model = _model_of(fields[part].annotation)
+        model = model_of(fields[part].annotation)
     return sorted(getattr(model, "model_fields", {}) or [])
 
 
-def _model_of(ann: Any) -> Any:
+def model_of(ann: Any) -> Any:
     for arg in (ann, *get_args(ann)):
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg
@@ -229,19 +229,19 @@ def _expected(cls: type[BaseModel], loc: list[str]) -> str:
         if not fields or part not in fields:
             break
         ann = fields[part].annotation
-        model = _model_of(ann)
-    return _describe(ann) if ann is not None else "a valid value"
+        model = model_of(ann)
+    return describe_type(ann) if ann is not None else "a valid value"
 
 
-def _describe(ann: Any) -> str:
+def describe_type(ann: Any) -> str:
     origin = get_origin(ann)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(ann))
     if origin in (typing.Union, types.UnionType):
-        parts = [_describe(a) for a in get_args(ann) if a is not type(None)]
+        parts = [describe_type(a) for a in get_args(ann) if a is not type(None)]
         return " or ".join(parts) + (" (or null)" if type(None) in get_args(ann) else "")
     if origin in (list, tuple, set, frozenset):
-        return f"a list of {_describe(get_args(ann)[0]) if get_args(ann) else 'values'}"
+        return f"a list of {describe_type(get_args(ann)[0]) if get_args(ann) else 'values'}"
     if origin is dict:
         return "a mapping"
     names = {

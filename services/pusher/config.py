@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from services.common.errors import ConfigError
-from services.common.settings import _describe, _model_of
+from services.common.settings import describe_type, model_of
 from services.pusher.plugins import registry
 from services.pusher.plugins.base import Plugin, PluginConfig
 
@@ -106,10 +106,10 @@ def _walk(model: Any, loc: list[str]) -> tuple[Any, Any]:
         if info is None:
             break
         ann = info.annotation
-        inner = _model_of(ann)
+        inner = model_of(ann)
         if inner is None:
             for arg in getattr(ann, "__args__", ()):
-                inner = _model_of(arg)
+                inner = model_of(arg)
                 if inner is not None:
                     break
         if inner is not None:
@@ -119,4 +119,4 @@ def _walk(model: Any, loc: list[str]) -> tuple[Any, Any]:
 
 def _expected(model: type[BaseModel], loc: list[str]) -> str:
     ann = _walk(model, loc)[1]
-    return _describe(ann) if ann is not None else "a valid value"
+    return describe_type(ann) if ann is not None else "a valid value"
