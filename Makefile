@@ -8,13 +8,14 @@ install:
 	@scripts/bootstrap.sh
 
 up: install
-	$(BIN)/kelvin up $(ARGS)
+	$(BIN)/kelvin up --demo $(ARGS)
 
 test:
 	@scripts/bootstrap.sh test,plugins
 	@scripts/install-peers.sh
 	$(BIN)/ruff check services tests benchmarks
 	$(BIN)/ruff format --check services tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra
 
 lint:
