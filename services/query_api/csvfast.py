@@ -26,7 +26,15 @@ import numpy.typing as npt
 import orjson
 
 from services.common.readings import Float64Array, Int64Array
-from services.query_api.csvtimes import ISO_WIDTH, U8, cols, int_into, iso_into, scratch
+from services.query_api.csvtimes import (
+    ISO_WIDTH,
+    KEEP_BYTES,
+    U8,
+    cols,
+    int_into,
+    iso_into,
+    scratch,
+)
 
 _MIN_NS, _MAX_NS = -62_135_596_800 * 10**9, 253_402_300_800 * 10**9
 """Years 0001 to 9999: the fixed-width range of ISO 8601 times."""
@@ -54,8 +62,11 @@ class _Heads(threading.local):
         self.zero_rows = 0
         """Rows whose nanosecond columns hold zeros."""
 
-    def get(self, prefix: bytes, width: int, n: int, consts: dict[int, bytes]) -> U8:
+    def get(self, prefix: bytes, width: int, n: int, consts: dict[int, bytes]) -> tuple[U8, bool]:
+        """The head matrix with the constant bytes in place, and whether it is the kept one."""
         layout = (prefix, width, tuple(sorted(consts.items())))
+        if n * width > KEEP_BYTES:  # too large to keep: a fresh matrix, state untouched
+            return _constants(np.empty((n, width), np.uint8), prefix, consts), False
         if self.buf.shape[0] < n * width:
             self.buf = np.empty(max(n * width, 1 << 16), np.uint8)
             self.rows = self.zero_rows = 0
@@ -63,12 +74,16 @@ class _Heads(threading.local):
             self.layout, self.rows, self.zero_rows = layout, 0, 0
         head = self.buf[: n * width].reshape(n, width)
         if self.rows < n:
-            rest = head[self.rows :]
-            cols(rest, 0, len(prefix))[:] = np.void(prefix)
-            for at, text in consts.items():
-                cols(rest, at, at + len(text))[:] = np.void(text)
+            _constants(head[self.rows :], prefix, consts)
             self.rows = n
-        return head
+        return head, True
+
+
+def _constants(head: U8, prefix: bytes, consts: dict[int, bytes]) -> U8:
+    cols(head, 0, len(prefix))[:] = np.void(prefix)
+    for at, text in consts.items():
+        cols(head, at, at + len(text))[:] = np.void(text)
+    return head
 
 
 _heads = _Heads()
@@ -88,15 +103,16 @@ def lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool = True) 
         if lo < _MIN_NS or hi >= _MAX_NS:
             return _slow_lines(name, ts_ns, values, iso)
         width = p + ISO_WIDTH + 1
-        head = _heads.get(prefix, width, n, {p + 19: b".", p + 29: b"Z,"})
-        zeros = iso_into(ts_ns, head, p, zeros_kept=_heads.zero_rows >= n)
-        _heads.zero_rows = max(_heads.zero_rows, n) if zeros else 0
+        head, kept = _heads.get(prefix, width, n, {p + 19: b".", p + 29: b"Z,"})
+        zeros = iso_into(ts_ns, head, p, zeros_kept=kept and _heads.zero_rows >= n)
+        if kept:
+            _heads.zero_rows = max(_heads.zero_rows, n) if zeros else 0
     else:
         digits = len(str(hi))
         if lo < 0 or len(str(lo)) != digits:  # raw times must share a width for the fast path
             return _slow_lines(name, ts_ns, values, iso)
         width = p + digits + 1
-        head = _heads.get(prefix, width, n, {width - 1: b","})
+        head, _ = _heads.get(prefix, width, n, {width - 1: b","})
         int_into(ts_ns, digits, head, p)
     out = _assemble(head, values)
     return _slow_lines(name, ts_ns, values, iso) if out is None else out

@@ -32,11 +32,18 @@ _RUNS_MAX = 64
 """Up to this many days per slice are written run by run (sorted times)."""
 
 
+KEEP_BYTES = 16 << 20
+"""Larger scratch arrays are not kept (a caller formatting millions of readings at once
+would otherwise leave that much memory with each thread)."""
+
+
 def scratch(key: str, n: int, dtype: npt.DTypeLike = np.uint8) -> npt.NDArray[Any]:
     """A per-thread array of ``n`` items, reused from call to call (contents undefined)."""
     dt = np.dtype(dtype)
-    bufs: dict[str, U8] = _local.__dict__.setdefault("bufs", {})
     nbytes = n * dt.itemsize
+    if nbytes > KEEP_BYTES:
+        return np.empty(n, dt)
+    bufs: dict[str, U8] = _local.__dict__.setdefault("bufs", {})
     buf = bufs.get(key)
     if buf is None or buf.shape[0] < nbytes:
         buf = bufs[key] = np.empty(max(nbytes, 1 << 16), np.uint8)

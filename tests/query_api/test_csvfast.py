@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from services.common.times import format_iso_many
-from services.query_api import csvfast
+from services.query_api import csvfast, csvtimes
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 SECOND = 10**9
@@ -64,6 +65,16 @@ def test_typical_sensor_data_is_exact_text() -> None:
     _check("/n/p", ts + 123_456_789, vs, iso=True)
     _check("/n/p", ts[:4], vs[:4], iso=True)
     _check("/other", ts, vs, iso=False)
+
+
+def test_answers_too_large_to_keep_scratch_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the size kept per thread, fresh buffers: the kept ones' state must not leak in."""
+    monkeypatch.setattr(csvfast, "KEEP_BYTES", 2000)
+    monkeypatch.setattr(csvtimes, "KEEP_BYTES", 2000)
+    ts = 1_764_547_200 * SECOND + np.arange(100, dtype=np.int64) * SECOND
+    vs = np.arange(100) / 7
+    for t, n in ((ts, 10), (ts, 100), (ts + 5, 100), (ts + 5, 10), (ts, 100), (ts, 10)):
+        _check("/n/p", t[:n], vs[:n], iso=True)
 
 
 def test_infinities_and_long_values_with_short_heads_take_the_python_path() -> None:
