@@ -1,4 +1,4 @@
-"""Columnar chunks of stored virtual-sensor results, shared by the backends that keep blobs.
+"""Columnar chunks of stored virtual-sensor results (the SQLite backend keeps them as blobs).
 
 Virtual results are a cache on a regular grid: their timestamps are evenly
 spaced and their values are computed floats (full mantissas). So a chunk
