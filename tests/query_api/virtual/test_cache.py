@@ -44,3 +44,19 @@ def test_budget_drops_the_least_recently_used() -> None:
     assert m.covering("/a", 1, 0, 10) is not None and m.covering("/c", 1, 0, 10) is not None
     m.put("/huge", seg(0, 100))  # larger than the whole budget: not kept
     assert m.covering("/huge", 1, 0, 100) is None
+
+
+def test_slices_are_read_only_views_of_one_segment_or_a_copy_of_several() -> None:
+    m = MemoryTier(1000)
+    m.put("/v", seg(0, 10))
+    one = m.covering("/v", 1, 2, 7)
+    assert one is not None
+    ts, vs = slice_segments(one, 2, 7)
+    assert ts.tolist() == [2, 3, 4, 5, 6] and vs.tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert np.shares_memory(ts, one[0].timestamps_ns)  # no copy
+    m.put("/v", seg(10, 20))
+    two = m.covering("/v", 1, 8, 12)
+    assert two is not None
+    ts, vs = slice_segments(two, 8, 12)
+    assert ts.tolist() == [8, 9, 10, 11] and vs.tolist() == [8.0, 9.0, 10.0, 11.0]
+    assert not ts.flags.writeable and not vs.flags.writeable  # answers cannot corrupt the tier

@@ -141,3 +141,15 @@ async def test_recent_results_are_not_stored_until_they_settle(tmp_path: Path) -
             assert counting.reads == ["/a/power"]  # nothing was stored: computed again
     finally:
         await svc.stop()
+
+
+async def test_answers_share_read_only_arrays_with_the_memory_tier(api: Api) -> None:
+    await mixed_inputs(api)
+    await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    engine = api.service.ctx.virtual
+    assert isinstance(engine, Engine)
+    first = await engine.evaluate("/pue", T0, T0 + 11 * S)
+    with pytest.raises(ValueError, match="read-only"):
+        first.values[0] = 0.0
+    again = await engine.evaluate("/pue", T0, T0 + 11 * S)
+    assert again.values.tolist() == first.values.tolist()
