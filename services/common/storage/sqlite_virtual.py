@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -53,16 +54,16 @@ def insert_chunks(con: sqlite3.Connection, name: str, ts: Int64Array, vs: Float6
 
 
 def _chunks_from(
-    con: sqlite3.Connection, name: str, start_ns: int, end_ns: int
-) -> Iterator[tuple[int, int, int, int, int, bytes, bytes]]:
-    """Rows ``(id, t0, t1, n, enc, ts, vs)`` of chunks intersecting ``[start_ns, end_ns)``."""
+    con: sqlite3.Connection, name: str, start_ns: int, end_ns: int, columns: str
+) -> Iterator[tuple[Any, ...]]:
+    """Rows ``(t0, *columns)`` of the chunks intersecting ``[start_ns, end_ns)``, in time order."""
     cur = con.execute(
-        "SELECT id, t0, t1, n, enc, ts, vs FROM virtual_chunks WHERE name=? AND t1>=? ORDER BY t1",
+        f"SELECT t0, {columns} FROM virtual_chunks WHERE name=? AND t1>=? ORDER BY t1",
         (name, start_ns),
     )
     try:
         for row in cur:
-            if row[1] >= end_ns:
+            if row[0] >= end_ns:
                 break
             yield row
     finally:
@@ -129,8 +130,8 @@ def read_results(con: sqlite3.Connection, name: str, start_ns: int, end_ns: int)
     ts, vs = vc.assemble(
         (
             vc.decode(enc, n, tb, vb)
-            for _, _, _, n, enc, tb, vb in (
-                _chunks_from(con, name, start_ns, end_ns) if ranges else ()
+            for _, n, enc, tb, vb in (
+                _chunks_from(con, name, start_ns, end_ns, "n, enc, ts, vs") if ranges else ()
             )
         ),
         start_ns,
@@ -148,12 +149,20 @@ def drop(con: sqlite3.Connection, name: str, start_ns: int, end_ns: int) -> None
     start_ns, end_ns = _clamp(start_ns, end_ns)
     if start_ns >= end_ns:
         return
-    for cid, t0, t1, n, enc, tb, vb in list(_chunks_from(con, name, start_ns, end_ns)):
-        con.execute("DELETE FROM virtual_chunks WHERE id=?", (cid,))
-        if t0 < start_ns or t1 >= end_ns:
-            ts, vs = vc.decode(enc, n, tb, vb)
-            for part in vc.outside(vc.Chunk(t0, t1, ts, vs), start_ns, end_ns):
-                insert_chunks(con, name, part.ts, part.vs)
+    found = list(_chunks_from(con, name, start_ns, end_ns, "id, t1"))
+    # at most the first and the last chunk straddle an edge: only those are decoded
+    edges = [cid for t0, cid, t1 in found if t0 < start_ns or t1 >= end_ns]
+    kept = [
+        con.execute(
+            "SELECT t0, t1, n, enc, ts, vs FROM virtual_chunks WHERE id=?", (cid,)
+        ).fetchone()
+        for cid in edges
+    ]
+    con.executemany("DELETE FROM virtual_chunks WHERE id=?", [(cid,) for _, cid, _ in found])
+    for t0, t1, n, enc, tb, vb in kept:
+        ts, vs = vc.decode(enc, n, tb, vb)
+        for part in vc.outside(vc.Chunk(t0, t1, ts, vs), start_ns, end_ns):
+            insert_chunks(con, name, part.ts, part.vs)
     for a, b, c in _ranges(con, name, start_ns, end_ns):
         con.execute("DELETE FROM virtual_ranges WHERE name=? AND start_ns=?", (name, a))
         if a < start_ns:

@@ -52,9 +52,9 @@ def encode(ts: Int64Array, vs: Float64Array) -> tuple[int, bytes, bytes]:
     ts = np.ascontiguousarray(ts, dtype="<i8")
     vs = np.ascontiguousarray(vs, dtype="<f8")
     n = ts.shape[0]
-    step = int(ts[1] - ts[0]) if n > 1 else 0
-    # step > 0 also rules out int64 wrap-around in the differences
-    if n == 1 or (n > 1 and step > 0 and (n == 2 or bool(np.all(np.diff(ts) == step)))):
+    step = int(ts[1]) - int(ts[0]) if n > 1 else 0
+    # a positive step below 2**63 also rules out int64 wrap-around in the differences
+    if n == 1 or (0 < step < 2**63 and (n == 2 or bool(np.all(np.diff(ts) == step)))):
         return GRID, _GRID_HEAD.pack(int(ts[0]), step), vs.tobytes()
     tb, vb = chunks.encode(ts, vs, chunks.RAW)
     return chunks.RAW, tb, vb
