@@ -1,4 +1,7 @@
-"""Policies: MPIT against brute force, MC1x1 shells, joint, baselines, the registry."""
+"""Policies: MPIT's heuristic and runner-ups, MC1x1 shells, joint, baselines, the registry.
+
+MPIT's exactness against brute force is in ``test_policies_mpit.py``.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ from services.allocator.policies.mpit import (
     greedy,
     keeps_peak,
     peak_after,
-    total_rise_mk,
 )
 from services.common.errors import ConfigError
 from services.common.thermal import Hall, reference_hall
@@ -31,37 +33,6 @@ def _random_hall(seed: int, rows: int = 2, racks: int = 2, slots: int = 3) -> Ha
 def _view(model: HallModel, busy: np.ndarray) -> View:
     hall = model.hall
     return View(model, model.present & ~busy, np.where(busy, hall.busy_power_w, hall.idle_power_w))
-
-
-def _brute_mpit(view: View, n: int, power_w: float) -> tuple[float, tuple[int, ...]]:
-    """Lowest peak over all n-subsets of the free nodes, then the documented tie rule."""
-    rise = view.rise_per_node(power_w)
-    free = view.free_idx
-    combos = [np.array(c) for c in itertools.combinations(free.tolist(), n)]
-    peaks = np.array([peak_after(view, rise, c) for c in combos])
-    best = peaks.min()
-    q = dict(zip(free.tolist(), total_rise_mk(view, rise, free), strict=True))
-    big = n * view.model.n + 1
-    tied = [c for c, p in zip(combos, peaks, strict=True) if p <= best + PEAK_TOLERANCE_C]
-    winner = min(tied, key=lambda c: sum(q[j] * big + j for j in c.tolist()))
-    return float(best), tuple(winner.tolist())
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_mpit_is_exact_against_brute_force(seed: int) -> None:
-    model = HallModel(_random_hall(seed))
-    rng = np.random.default_rng(100 + seed)
-    busy = rng.random(model.n) < 0.3
-    view = _view(model, busy)
-    mpit = create("mpit")
-    for n in range(1, min(5, len(view.free_idx)) + 1):
-        request = Request(n, 3500.0)
-        chosen = mpit.choose(view, request, 0)[0]
-        best, winner = _brute_mpit(view, n, 3500.0)
-        got = peak_after(view, view.rise_per_node(3500.0), chosen)
-        assert best - 1e-9 <= got <= best + PEAK_TOLERANCE_C
-        assert tuple(chosen.tolist()) == winner
-        assert not busy[chosen].any()
 
 
 def test_mpit_heuristic_above_the_size_limit_is_valid_and_close() -> None:

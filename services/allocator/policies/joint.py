@@ -15,7 +15,7 @@ import numpy as np
 
 from services.allocator.model import IntArray
 from services.allocator.policies.base import Policy, Request, View, distinct, register
-from services.allocator.policies.mc1x1 import allocation_at
+from services.allocator.policies.mc1x1 import Fills, allocation_at
 from services.allocator.policies.mpit import PEAK_TOLERANCE_C, Mpit, peak_after
 
 
@@ -35,11 +35,17 @@ class Joint(Policy):
             centres = np.sort(centres[np.lexsort((centres, score))[:limit]])
         rise = view.rise_per_node(request.power_w)
         ranked = []
+        fills: Fills = {}
+        keys: dict[bytes, tuple[int, float]] = {}  # centres often share an allocation
         for c in centres.tolist():
-            nodes = allocation_at(model, free, int(c), n, self.options.mc_exact_fill_limit)
-            peak = peak_after(view, rise, nodes)
-            ranked.append(
-                (round(peak / PEAK_TOLERANCE_C), round(model.cc(nodes), 9), int(c), nodes)
-            )
+            nodes = allocation_at(model, free, int(c), n, self.options.mc_exact_fill_limit, fills)
+            key = keys.get(nodes.tobytes())
+            if key is None:
+                peak = peak_after(view, rise, nodes)
+                key = keys[nodes.tobytes()] = (
+                    round(peak / PEAK_TOLERANCE_C),
+                    round(model.cc(nodes), 9),
+                )
+            ranked.append((*key, int(c), nodes))
         ranked.sort(key=lambda r: r[:3])
         return distinct([r[3] for r in ranked], alternatives + 1)

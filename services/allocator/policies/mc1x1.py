@@ -16,6 +16,7 @@ set so far, ties by index).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -38,7 +39,7 @@ def fill_from_shell(
     to_inner = distance_sums(model.pos[shell], model.pos[inner], w)
     among = distance_matrix(model.pos[shell], model.pos[shell], w)
     if math.comb(len(shell), need) <= exact_limit:
-        combos = np.array(list(itertools.combinations(range(len(shell)), need)), dtype=np.int64)
+        combos = _combinations(len(shell), need)
         # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
         cost = to_inner[combos].sum(axis=1)
         cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
@@ -55,15 +56,42 @@ def fill_from_shell(
     return np.sort(np.r_[inner, shell[pick]])
 
 
+@functools.lru_cache(maxsize=64)
+def _combinations(size: int, need: int) -> IntArray:
+    """All ``need``-subsets of ``range(size)`` in lexicographic order (shared, read-only)."""
+    combos = np.array(list(itertools.combinations(range(size), need)), dtype=np.int64)
+    combos.flags.writeable = False
+    return combos
+
+
+Fills = dict[tuple[bytes, bytes], IntArray]
+"""Allocations already filled in one decision, by (inner nodes, outermost shell)."""
+
+
 def allocation_at(
-    model: HallModel, free: IntArray, centre: int, n: int, exact_limit: int
+    model: HallModel,
+    free: IntArray,
+    centre: int,
+    n: int,
+    exact_limit: int,
+    fills: Fills | None = None,
 ) -> IntArray:
-    """The MC1x1 allocation of ``n`` nodes around ``centre`` (a free node)."""
+    """The MC1x1 allocation of ``n`` nodes around ``centre`` (a free node).
+
+    Centres whose inner shells and outermost shell hold the same nodes get
+    the same allocation; ``fills`` (one dict per decision) computes it once.
+    """
     dist = model.shells[centre, free]
     kth = np.partition(dist, n - 1)[n - 1]
     inner = free[dist < kth]
     shell = free[dist == kth]
-    return fill_from_shell(model, inner, shell, n - len(inner), exact_limit)
+    key = (inner.tobytes(), shell.tobytes())
+    if fills is not None and key in fills:
+        return fills[key]
+    nodes = fill_from_shell(model, inner, shell, n - len(inner), exact_limit)
+    if fills is not None:
+        fills[key] = nodes
+    return nodes
 
 
 @register
@@ -81,14 +109,14 @@ class Mc1x1(Policy):
         best = score[order[0]]
         tied = order[score[order] == best][: self.options.mc_tie_limit]
         ranked: list[tuple[float, int, IntArray]] = []
+        fills: Fills = {}
+        limit = self.options.mc_exact_fill_limit
         for k in tied.tolist():
-            nodes = allocation_at(model, free, int(free[k]), n, self.options.mc_exact_fill_limit)
+            nodes = allocation_at(model, free, int(free[k]), n, limit, fills)
             ranked.append((round(model.cc(nodes), 9), int(free[k]), nodes))
         ranked.sort(key=lambda r: (r[0], r[1]))
         candidates = [r[2] for r in ranked]
         if len(candidates) <= alternatives:
             for k in order[len(tied) : len(tied) + 2 * alternatives + 2].tolist():
-                candidates.append(
-                    allocation_at(model, free, int(free[k]), n, self.options.mc_exact_fill_limit)
-                )
+                candidates.append(allocation_at(model, free, int(free[k]), n, limit, fills))
         return distinct(candidates, alternatives + 1)

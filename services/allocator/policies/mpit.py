@@ -1,7 +1,7 @@
 """MPIT: place the job where the hall's peak inlet temperature stays lowest.
 
-Exact, as a mixed-integer program solved by HiGHS (``scipy.optimize.milp``),
-busy nodes fixed; x_j = 1 when free node j joins the job, ΔP_j its power rise:
+Exact, busy nodes fixed; x_j = 1 when free node j joins the job, ΔP_j its
+power rise. As a mixed-integer program:
 
     stage 1:  min t   s.t.  Tin_i + Σ_j D_ij ΔP_j x_j <= t  (every present i),  Σ x_j = n
     stage 2:  min Σ_j (q_j M + j) x_j   s.t.  Tin_i + Σ_j D_ij ΔP_j x_j <= t* + 0.1 mK,  Σ x_j = n
@@ -10,18 +10,25 @@ Stage 2 is the tie rule: among the sets whose peak is within 0.1 mK of the
 optimum (a margin above HiGHS's 1e-6 optimality gap, so the rule does not
 depend on solver settings), the one adding the least total inlet rise over
 the hall (``q_j = floor(1000 Σ_i D_ij ΔP_j)``, in mK), then the smallest sum
-of node indices (``M = n N + 1`` keeps the two apart; integer costs, so
-HiGHS closes the gap exactly). Sets equal on all three keys are rare (equal
-rise to the mK and equal index sums); among them HiGHS's answer stands, the
-same for the same input.
+of node indices (``M = n N + 1`` keeps the two apart), then the
+lexicographically smallest set.
 
-Exact shortcuts skip HiGHS in the usual case: the peak can never drop below
-today's, so when the cheapest admissible nodes keep today's peak they answer
-both stages (:func:`keeps_peak`, O(nnz of D) at any hall size); after stage
-1 the same test can settle stage 2.
+How it is solved, cheapest first, every step exact:
 
-Above ``mpit_exact_max_free`` free nodes the shortcut still runs; if it does
-not settle the job (or HiGHS fails or times out) the heuristic runs: greedy,
+1. :func:`keeps_peak`: the peak can never drop below today's, so when the
+   cheapest admissible nodes keep today's peak they answer both stages
+   (O(nnz of D), the usual case).
+2. The greedy answer bounds the peak from above; :mod:`.mpit_search` drops
+   the rows and fixes the nodes that bounds rule out and solves the rest by
+   a layered branch-and-bound in numpy (a few ms on the reference hall,
+   where HiGHS needed up to ~30 ms of CPU for half-hall jobs).
+3. If that search outgrows its state budget (large or unstructured halls),
+   :mod:`.mpit_milp` solves the reduced MILP with HiGHS
+   (``scipy.optimize.milp``) in the time left; sets equal on every key but
+   the last then get HiGHS's answer.
+
+Above ``mpit_exact_max_free`` free nodes only step 1 runs; if it does not
+settle the job (or HiGHS fails or times out) the heuristic decides: greedy,
 adding each time the node whose column raises the peak least (same tie
 keys), scanning only D's non-zeros. Runner-ups are the best single swaps
 (one chosen node out, one free node in) of the choice.
@@ -34,13 +41,16 @@ import time
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from services.allocator.model import Float64Array, IntArray
 from services.allocator.policies.base import Policy, Request, View, distinct, register
+from services.allocator.policies.mpit_milp import solve_milp
+from services.allocator.policies.mpit_search import Reduced, layered_search, reduce
 
 PEAK_TOLERANCE_C = 1e-4
 """Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
+SEARCH_MAX_STATES = 2_000
+"""The layered search hands over to the MILP when a layer holds more states (tens on real halls)."""
 SWAP_OUT_LIMIT = 32
 SWAP_IN_LIMIT = 64
 
@@ -95,7 +105,8 @@ def _cheapest_within(
     return nodes if peak_after(view, rise, nodes) <= bound else None
 
 
-def _tie_cost(view: View, rise: Float64Array, n: int) -> Float64Array:
+def tie_costs(view: View, rise: Float64Array, n: int) -> Float64Array:
+    """Stage 2's integer cost per free node: ``q_j M + j`` (total rise in mK, then index)."""
     free = view.free_idx
     return total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
 
@@ -114,7 +125,7 @@ def keeps_peak(
     stage 2's answer. O(nnz of D), whatever the hall's size.
     """
     cols = cols or _Columns(view, rise)
-    cost = _tie_cost(view, rise, n) if cost is None else cost
+    cost = tie_costs(view, rise, n) if cost is None else cost
     now = float(view.inlet_c.max())
     quick = _cheapest_within(view, rise, cols, cost, n, now + PEAK_TOLERANCE_C)
     if quick is not None and peak_after(view, rise, quick) <= now:
@@ -122,69 +133,63 @@ def keeps_peak(
     return None
 
 
-def solve_exact(
-    view: View, rise: Float64Array, n: int, time_limit_s: float
-) -> tuple[IntArray, bool] | None:
-    """The two-stage MILP within ``time_limit_s`` in all; (nodes, proven optimal) or None.
+def heat_problem(view: View, rise: Float64Array) -> tuple[Float64Array, Float64Array]:
+    """Today's inlets ``b`` and the free nodes' heat ``H`` (dense) on the rows that could matter.
 
-    Shortcuts that keep the result exact: :func:`keeps_peak` first; the greedy
-    answer bounds t from above (and settles stage 1 if it keeps today's peak);
-    after stage 1, the cheapest admissible set can settle stage 2.
+    A row that stays at or below today's peak with every free node busy never
+    decides anything; the hottest row today is kept so that ``b.max()`` is
+    today's peak (the search's floor relies on it).
+    """
+    free = view.free_idx
+    tin = view.inlet_c
+    cols = view.model.d_csc[:, free] @ sp.diags(rise[free])
+    reach = tin + np.asarray(cols.sum(axis=1)).ravel()
+    rows = np.flatnonzero(view.model.present & (reach > tin.max()))
+    rows = np.union1d(rows, [int(np.argmax(tin))])
+    return tin[rows], np.asarray(cols.tocsr()[rows].toarray())
+
+
+def solve_exact(
+    view: View, rise: Float64Array, n: int, time_limit_s: float, max_states: int = SEARCH_MAX_STATES
+) -> tuple[IntArray, bool] | None:
+    """The exact answer within ``time_limit_s``: (nodes, proven optimal), or None.
+
+    :func:`keeps_peak` first; then the greedy answer bounds the peak from
+    above, :func:`.mpit_search.reduce` shrinks the problem and the layered
+    search solves it (proven); past ``max_states`` states the two-stage MILP
+    solves the reduced problem in the time left (proven unless it times out,
+    and never worse than greedy).
     """
     deadline = time.monotonic() + time_limit_s
     free = view.free_idx
-    m = len(free)
-    cols = _Columns(view, rise)
-    cost = _tie_cost(view, rise, n)
-    quick = keeps_peak(view, rise, n, cols, cost)
-    if quick is not None:
-        return quick, True
-    rows = np.flatnonzero(view.model.present)
-    base = view.inlet_c[rows]
-    heat = sp.csr_matrix(view.model.d_csc[:, free][rows, :] @ sp.diags(rise[free]))
-    # t lies between today's peak and the greedy answer's: tight bounds prune HiGHS's tree
-    t_low = float(base.max())
+    cost = tie_costs(view, rise, n)
+    monotone = bool(rise[free].min() >= 0)  # else a job drawing less than idle: inlets can fall
+    if monotone:
+        quick = keeps_peak(view, rise, n, _Columns(view, rise), cost)
+        if quick is not None:
+            return quick, True
     upper = greedy(view, rise, n)
     t_high = peak_after(view, rise, upper)
-    proven = True
-    if t_high <= t_low:
-        t_star = t_low
-    else:
-        ones = sp.csr_matrix(np.ones((rows.size, 1)))
-        count_row = sp.csr_matrix(np.r_[np.ones(m), 0.0][None, :])
-        stage1 = milp(
-            c=np.r_[np.zeros(m), 1.0],
-            constraints=[
-                LinearConstraint(sp.hstack([heat, -ones]).tocsr(), -np.inf, -base),
-                LinearConstraint(count_row, n, n),
-            ],
-            integrality=np.r_[np.ones(m), 0.0],
-            bounds=Bounds(np.r_[np.zeros(m), t_low], np.r_[np.ones(m), t_high + PEAK_TOLERANCE_C]),
-            options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
+    if monotone:
+        base, heat = heat_problem(view, rise)
+        red = reduce(base, heat, n, t_high + PEAK_TOLERANCE_C)
+        if red is None:  # only by rounding: greedy's own set is within the limit
+            return upper, False
+        found = layered_search(
+            base, heat, cost, red, t_high, PEAK_TOLERANCE_C, max_states, deadline
         )
-        if stage1.x is None:
-            return None
-        proven = stage1.status == 0
-        first = free[np.flatnonzero(stage1.x[:m] > 0.5)]
-        t_star = min(t_high, peak_after(view, rise, first))
-        upper = upper if t_high <= t_star else np.sort(first)
-    quick = _cheapest_within(view, rise, cols, cost, n, t_star + PEAK_TOLERANCE_C)
-    if quick is not None:
-        return quick, proven
-    stage2 = milp(
-        c=cost,
-        constraints=[
-            LinearConstraint(heat, -np.inf, t_star + PEAK_TOLERANCE_C - base),
-            LinearConstraint(np.ones((1, m)), n, n),
-        ],
-        integrality=np.ones(m),
-        bounds=Bounds(0.0, 1.0),
-        options={"time_limit": max(0.05, deadline - time.monotonic()), "mip_rel_gap": 0.0},
-    )
-    if stage2.x is None:
+        if found is not None:
+            return free[found], True
+    else:  # no bound holds: the MILP on the whole problem
+        rows = np.flatnonzero(view.model.present)
+        base = view.inlet_c[rows]
+        heat = view.model.d_rows[np.ix_(rows, free)] * rise[free]
+        cols = np.arange(len(free))
+        red = Reduced(-np.inf, np.arange(len(rows)), cols[:0], cols, n)
+    solved = solve_milp(base, heat, cost, red, t_high, PEAK_TOLERANCE_C, deadline)
+    if solved is None or peak_after(view, rise, free[solved[0]]) > t_high + PEAK_TOLERANCE_C:
         return upper, False
-    chosen = np.sort(free[np.flatnonzero(stage2.x > 0.5)])
-    return chosen, proven and stage2.status == 0
+    return free[solved[0]], solved[1]
 
 
 def greedy(view: View, rise: Float64Array, n: int) -> IntArray:

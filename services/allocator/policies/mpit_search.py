@@ -1,0 +1,210 @@
+"""MPIT's exact search: reduce the problem by bounds, then a layered branch-and-bound in numpy.
+
+The problem, over the free nodes j and the present inlets i, with today's
+inlets ``b_i`` and ``H_ij = D_ij ΔP_j >= 0`` (a node's heat on an inlet):
+
+    stage 1:  t* = min over n-sets X of  max_i (b_i + Σ_{j in X} H_ij)
+    stage 2:  among the sets whose peak is <= t* + tol, the least Σ cost_j,
+              then the lexicographically smallest (sorted) set
+
+Every step below keeps the answer exact. It rests on one fact: inlets only
+grow as the set grows (H >= 0), so a row's load is bounded below by its
+smallest contributions and above by its largest.
+
+1. *Floor.* Every n-set adds at least the n smallest entries of each row, so
+   ``t* >= floor = max(today's peak, max_i (b_i + n smallest of row i))``.
+2. *Rows.* A row whose n largest entries keep it at or below the floor never
+   sets a peak that matters (every peak is >= t* >= floor); it is dropped.
+3. *Fixing.* ``limit`` = the greedy set's peak + tol >= t* + tol bounds the
+   peak of every set that can be the answer. A node is left out if with it
+   some row exceeds ``limit`` even when the rest are the smallest ones; a
+   node is forced in if without it some row exceeds ``limit``. Repeated to a
+   fixpoint.
+4. *Dominance.* If node a heats every kept row no more than node b and costs
+   less, swapping b for a never raises the peak and lowers the cost, so the
+   answer never holds b without a (``x_b <= x_a``); swapping an optimal-peak
+   set until no such pair is left also keeps its peak, so t* survives too.
+5. *Layered branch-and-bound.* Nodes are decided in a fixed order (the
+   hottest column first). Layer L holds every assignment of the first L
+   nodes that can still lead to the answer; one assignment is dropped when a
+   row's load plus the r smallest entries of the undecided nodes exceeds the
+   best complete peak so far + tol (r = nodes still to pick), when its cost
+   plus the r cheapest undecided costs exceeds the cost of a set already
+   known to tie (peak <= floor + tol), or when it breaks 4. All states of a
+   layer share the same undecided nodes, so a layer's bounds are one sort of
+   the remaining columns and one table look-up: vectorised over the layer.
+
+On the reference hall the widest layer holds a few dozen states. The search
+gives up (returns None) when a layer outgrows ``max_states`` or the deadline
+passes; the caller then falls back to the MILP on the reduced problem.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from services.allocator.model import Float64Array, IntArray
+
+DOMINANCE_MAX_ENTRIES = 20_000_000
+"""Dominance pairs are looked for only while rows x nodes² stays below this (memory, time)."""
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """The problem after steps 1-3: kept rows, forced and undecided columns."""
+
+    floor: float
+    """A proven lower bound on t*: every set's peak is max(its kept-row peak, floor)."""
+    rows: IntArray
+    """Kept rows (indices into the problem's rows)."""
+    forced: IntArray
+    """Columns in every answer."""
+    open: IntArray
+    """Columns still undecided."""
+    k: int
+    """How many of ``open`` the answer takes."""
+
+
+def _smallest_sums(values: Float64Array, k: int) -> Float64Array:
+    """(B, m) -> (B, k + 1): the sum of the r smallest entries of each row, inf where r > m."""
+    out = np.full((values.shape[0], k + 1), np.inf)
+    width = min(k, values.shape[1])
+    out[:, 0] = 0.0
+    if width:
+        out[:, 1 : width + 1] = np.cumsum(np.sort(values, axis=1)[:, :width], axis=1)
+    return out
+
+
+def reduce(base: Float64Array, heat: Float64Array, n: int, limit: float) -> Reduced | None:
+    """Steps 1-3; None if no n-set keeps every row within ``limit`` (cannot happen for a real bound)."""
+    m = heat.shape[1]
+    ordered = np.sort(heat, axis=1)
+    low = base + ordered[:, :n].sum(axis=1)
+    high = base + ordered[:, m - n :].sum(axis=1)
+    floor = max(float(base.max()), float(low.max()))
+    rows = np.flatnonzero(high > floor)
+    h, b = heat[rows], base[rows]
+    open_ = np.arange(m)
+    forced: list[int] = []
+    while len(rows):
+        k = n - len(forced)
+        if k <= 0 or k >= len(open_):
+            break
+        sub = h[:, open_]
+        load = b + h[:, forced].sum(axis=1)
+        order = np.argsort(sub, axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(len(open_))[None, :], axis=1)
+        csum = np.concatenate(
+            [np.zeros((len(rows), 1)), np.cumsum(np.take_along_axis(sub, order, 1), 1)], 1
+        )
+        # with j: j plus the k-1 smallest others; without j: the k smallest others
+        others_with = np.where(rank < k - 1, csum[:, [k]] - sub, csum[:, [k - 1]])
+        others_without = np.where(rank < k, csum[:, [k + 1]] - sub, csum[:, [k]])
+        out = ((load[:, None] + sub + others_with) > limit).any(axis=0)
+        into = ((load[:, None] + others_without) > limit).any(axis=0) & ~out
+        if not (out.any() or into.any()):
+            break
+        forced.extend(open_[into].tolist())
+        open_ = open_[~(out | into)]
+    k = n - len(forced)
+    if not 0 <= k <= len(open_):
+        return None
+    return Reduced(floor, rows, np.array(sorted(forced), dtype=np.int64), open_, k)
+
+
+def _dominance(heat: Float64Array, cost: Float64Array) -> npt.NDArray[np.bool_]:
+    """dom[a, b]: node a heats no kept row more than b and costs less (so x_b <= x_a)."""
+    m = heat.shape[1]
+    if heat.shape[0] * m * m > DOMINANCE_MAX_ENTRIES:
+        return np.zeros((m, m), dtype=bool)
+    cheaper = cost[:, None] < cost[None, :]
+    for row in heat:
+        cheaper &= row[:, None] <= row[None, :]
+    return cheaper
+
+
+def _cheap_fill(
+    start: Float64Array, h: Float64Array, cost: Float64Array, k: int, cap: float
+) -> float:
+    """Cost of a set kept within ``cap``: columns in cost order, each taken if it fits (inf if < k)."""
+    load = start.copy()
+    spent, taken = 0.0, 0
+    for j in np.argsort(cost, kind="stable").tolist():
+        if (load + h[:, j] <= cap).all():
+            load += h[:, j]
+            spent += float(cost[j])
+            taken += 1
+            if taken == k:
+                return spent
+    return float("inf")
+
+
+def layered_search(
+    base: Float64Array,
+    heat: Float64Array,
+    cost: Float64Array,
+    red: Reduced,
+    upper: float,
+    tol: float,
+    max_states: int,
+    deadline: float,
+) -> IntArray | None:
+    """Step 4-5 on a reduced problem: the answer's columns (sorted), or None when over budget."""
+    k = red.k
+    h = heat[np.ix_(red.rows, red.open)]
+    start = base[red.rows] + heat[np.ix_(red.rows, red.forced)].sum(axis=1)
+    if k == 0 or k == len(red.open):
+        return np.sort(np.r_[red.forced, red.open[:k] if k == 0 else red.open])
+    if upper <= red.floor + tol:  # stage 1 settled: only cost decides, cheapest first
+        order = np.argsort(cost[red.open], kind="stable")
+    else:  # the hottest columns first: deciding them early makes the heat bounds bite
+        hottest = h.max(axis=0) if len(h) else np.zeros(len(red.open))
+        order = np.lexsort((cost[red.open], -hottest))
+    cols, h, c = red.open[order], h[:, order], cost[red.open][order]
+    dom = _dominance(h, c)
+    m = len(cols)
+    # the frontier: picked count, kept-row loads, cost, which columns were taken
+    picked = np.zeros(1, dtype=np.int64)
+    load = start[None, :]
+    spent = np.zeros(1)
+    taken = np.zeros((1, m), dtype=bool)
+    # a set within floor + tol surely ties with the optimum: its cost prunes from the start
+    best_cost = _cheap_fill(start, h, c, k, red.floor + tol)
+    if best_cost == np.sort(c)[:k].sum():  # the k cheapest columns fit: nothing can beat them
+        return np.sort(np.r_[red.forced, cols[np.argsort(c, kind="stable")[:k]]])
+    for level in range(m):
+        need_in = np.flatnonzero(dom[:level, level])  # earlier nodes that dominate this one
+        need_out = np.flatnonzero(dom[level, :level])  # earlier nodes this one dominates
+        can_in = taken[:, need_in].all(axis=1) & (picked < k)
+        can_out = ~taken[:, need_out].any(axis=1)
+        picked = np.r_[picked[can_in] + 1, picked[can_out]]
+        load = np.vstack([load[can_in] + h[:, level], load[can_out]])
+        spent = np.r_[spent[can_in] + c[level], spent[can_out]]
+        taken = np.vstack([taken[can_in], taken[can_out]])
+        taken[: int(can_in.sum()), level] = True
+        left = k - picked
+        rest = m - level - 1
+        peak = np.maximum(load.max(axis=1, initial=-np.inf), red.floor)
+        done = left == 0
+        if done.any():
+            upper = min(upper, float(peak[done].min()))
+            sure = done & (peak <= red.floor + tol)
+            if sure.any():
+                best_cost = min(best_cost, float(spent[sure].min()))
+        bound = load + _smallest_sums(h[:, level + 1 :], k)[:, np.minimum(left, rest)].T
+        cheapest = _smallest_sums(c[None, level + 1 :], k)[0, np.minimum(left, rest)]
+        keep = (left <= rest) & (spent + cheapest <= best_cost)
+        keep &= bound.max(axis=1, initial=red.floor) <= upper + tol
+        picked, load, spent, taken = picked[keep], load[keep], spent[keep], taken[keep]
+        if len(picked) > max_states or time.monotonic() > deadline:
+            return None
+    peak = np.maximum(load.max(axis=1, initial=-np.inf), red.floor)
+    tied = peak <= float(peak.min()) + tol
+    cheapest_sets = taken[tied & (spent == spent[tied].min())]
+    sets = [tuple(sorted(np.r_[red.forced, cols[row]].tolist())) for row in cheapest_sets]
+    return np.array(min(sets), dtype=np.int64)
