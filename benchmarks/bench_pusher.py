@@ -1,8 +1,8 @@
 """Pusher overhead on DCDB's grid (paper section 6.2.2), beside an idle Python process.
 
 Tester sensors {100, 1k, 10k} x interval {1 s, 100 ms} x wire format {KVB1,
-DCDB}: each point runs the pusher as its own process (``python -m
-services.pusher``, QoS 1) publishing to a real mosquitto, and measures over a
+DCDB}: each point runs the pusher as its own process (``kelvin run
+pusher``, QoS 1) publishing to a real mosquitto, and measures over a
 window after warm-up: CPU (% of one core, from /proc/<pid>/schedstat), RSS,
 readings produced and acknowledged by the broker, messages, the broker's CPU,
 and whether the point is sustained (no drops, no skipped beats, no growing
@@ -151,7 +151,7 @@ def _run(
         )
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.pusher", "--config", str(cfg)],
+        [sys.executable, "-m", "services.cli", "run", "pusher", "--config", str(cfg)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
