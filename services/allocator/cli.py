@@ -183,6 +183,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _print_calibration(doc: dict[str, Any]) -> None:
     print(f"hall {doc['hall']}: {doc['samples']} aligned samples from {doc['sensors']} sensors")
     print(f"fit RMSE {doc['rmse_c']:.3f} °C, worst residual {doc['max_abs_c']:.3f} °C")
+    if "expected" in doc:
+        e = doc["expected"]
+        weak = f"; weakly excited nodes: {e['weak_nodes']}" if e["weak_nodes"] else ""
+        print(
+            f"the data determine D to ~{e['d_rel_frobenius']:.1%} and the predicted inlets to "
+            f"~{e['tin_rmse_c']:.3f} °C RMS (standard errors, an upper estimate){weak}"
+        )
     if "known" in doc:
         k = doc["known"]
         print(

@@ -16,7 +16,14 @@ import httpx
 import numpy as np
 import yaml
 
-from services.allocator.calibrate import CalibrationError, Series, align, compare, fit_d
+from services.allocator.calibrate import (
+    CalibrationError,
+    Series,
+    align,
+    compare,
+    fit_d,
+    standard_errors,
+)
 from services.allocator.settings import Settings
 from services.common.errors import ConfigError, KelvinError, NotFoundError
 from services.common.settings import Config
@@ -122,7 +129,9 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         "distinct_operating_points": int(
             np.unique(np.round(samples.powers_w / 100.0), axis=0).shape[0]
         ),
+        "expected": standard_errors(samples, fit, hall, args.fit_supply),
     }
+
     if args.known_d:
         doc["known"] = compare(d_full, load_matrix(args.known_d), hall)
     fitted = hall.replace(d_matrix=d_full, name=f"{hall.name}-fitted")

@@ -57,10 +57,12 @@ class Thermal:
     computing_kw: float
     cooling_kw: float
     min_mttf_years: float
+    base_supply_c: float
+    """The CRAC supply the inlet temperatures (``inlet_c``, ``max_tin_c``) are computed at."""
     inlet_c: Float64Array = field(repr=False)
 
     def totals(self) -> dict[str, float]:
-        """The hall-wide numbers by their reported names."""
+        """The hall-wide numbers by their reported names (a decision's: ``supply_c`` is Tsup')."""
         return {
             "max_tin_c": self.max_tin_c,
             "supply_c": self.supply_c,
@@ -68,6 +70,23 @@ class Thermal:
             "computing_kw": self.computing_kw,
             "cooling_kw": self.cooling_kw,
             "min_mttf_years": self.min_mttf_years,
+        }
+
+    def hall_totals(self) -> dict[str, float]:
+        """The totals of ``GET /api/v1/hall``, next to every node's ``predicted_tin_c``.
+
+        ``supply_c`` is the supply those inlets (and ``max_tin_c``) are computed
+        at, the hall's CRAC supply; ``raised_supply_c`` is Tsup' = Tsup + Tred -
+        max Tin, the supply the slack to the redline allows, at which ``cop``
+        and ``cooling_kw`` are computed (below ``supply_c`` when the peak inlet
+        is above the redline).
+        """
+        totals = self.totals()
+        return {
+            "max_tin_c": self.max_tin_c,
+            "supply_c": self.base_supply_c,
+            "raised_supply_c": self.supply_c,
+            **{k: v for k, v in totals.items() if k not in ("max_tin_c", "supply_c")},
         }
 
 
@@ -167,5 +186,6 @@ class HallModel:
             computing_kw=computing_w / 1e3,
             cooling_kw=computing_w / cop / 1e3,
             min_mttf_years=mttf,
+            base_supply_c=hall.supply_c,
             inlet_c=tin,
         )

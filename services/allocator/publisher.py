@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, period_s=30)
 
 UNITS = {
-    "max_tin_c": "celsius",
-    "supply_c": "celsius",
+    "max_tin_c": "°C",
+    "supply_c": "°C",
+    "raised_supply_c": "°C",
     "cop": "",
     "computing_kw": "kW",
     "cooling_kw": "kW",

@@ -78,7 +78,7 @@ class AllocatorCore:
             settings.mqtt_qos,
         )
         if settings.publish_nodes:
-            self.publisher.add_metadata(self._node_sensors(), "celsius")
+            self.publisher.add_metadata(self._node_sensors(), "°C")
         self.changed = asyncio.Event()
         self._saved = saved
 
@@ -186,7 +186,7 @@ class AllocatorCore:
 
     def _totals(self, th: Thermal) -> dict[str, float]:
         return {
-            **th.totals(),
+            **th.hall_totals(),
             "utilization": self.book.state.utilization,
             "running_jobs": len(self.book.running()),
             "queued_jobs": len(self.book.queue),

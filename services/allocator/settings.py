@@ -16,11 +16,11 @@ class JobStream(BaseModel):
 
     enabled: bool | None = None
     """None: on only under the demo profile."""
-    mean_interval_s: float = Field(4.0, gt=0)
+    mean_interval_s: float = Field(1.0, gt=0)
     """Mean time between submissions (exponential)."""
-    runtime_s: tuple[float, float] = (10.0, 40.0)
+    runtime_s: tuple[float, float] = (2.0, 10.0)
     """Job runtime, uniform in [low, high] seconds (stretched by Lf)."""
-    sizes: tuple[int, int] = (2, 8)
+    sizes: tuple[int, int] = (1, 8)
     """Job size, uniform in [low, high] nodes (clipped to the hall)."""
     comm_share: float = Field(0.2, ge=0, le=1)
     """Communication share C of every generated job."""

@@ -14,7 +14,14 @@ from fastapi.responses import JSONResponse
 
 from services.allocator import experiments, simulator
 from services.allocator.app import create_service
-from services.allocator.calibrate import CalibrationError, align, compare, fit_d, synthetic_samples
+from services.allocator.calibrate import (
+    CalibrationError,
+    align,
+    compare,
+    fit_d,
+    standard_errors,
+    synthetic_samples,
+)
 from services.allocator.closed_loop import sensor_names
 from services.common.http import HttpServer
 from services.common.settings import Config
@@ -81,6 +88,39 @@ def test_align_samples_each_series_on_one_grid() -> None:
         align([fast], [(np.empty(0, np.int64), np.empty(0))])
 
 
+def test_align_takes_shared_instants_once_each() -> None:
+    """Sensors read together share their timestamps: those are the samples, none repeated."""
+    ms = 1_000_000
+    ts = np.arange(0, 5000 * ms, 250 * ms, dtype=np.int64)
+    late = np.delete(ts, [3, 4, 11])  # reads the pusher skipped
+    power = [(late, np.arange(len(late), dtype=np.float64))]
+    inlet = [(late, np.arange(len(late), dtype=np.float64) * 2), (ts, np.ones(len(ts)))]
+    out = align(power, inlet)
+    assert out.times_ns.tolist() == late.tolist()
+    np.testing.assert_array_equal(out.powers_w[:, 0], np.arange(len(late)))
+    # A grid with the same step repeats the reading before a one-step gap (at 750 and
+    # 2750 ms) and drops the instant two steps after one (1000 ms).
+    grid = align(power, inlet, step_ns=250 * ms)
+    assert len(grid.times_ns) == len(late) + 2
+    assert len(np.unique(grid.powers_w[:, 0])) == len(late)
+
+
+def test_standard_errors_estimate_the_error_without_the_true_d() -> None:
+    """From the data alone: an upper estimate of the error, of the right size, and weak nodes."""
+    hall = reference_hall()
+    rng = np.random.default_rng(4)
+    busy = rng.random((600, hall.n_nodes)) < 0.5
+    busy[:, [7, 23]] = False  # two nodes never run anything
+    powers = hall.powers_w(busy.astype(np.float64)) + rng.normal(0.0, 100.0, busy.shape)
+    samples = synthetic_samples(hall, powers, seed=4, temp_noise_c=0.1, temp_resolution_c=0)
+    fit = fit_d(samples, hall.supply_c)
+    known = compare(fit.d_matrix, hall.d_matrix, hall)
+    expected = standard_errors(samples, fit, hall)
+    assert known["d_rel_frobenius"] < expected["d_rel_frobenius"] < 3 * known["d_rel_frobenius"]
+    assert known["tin_rmse_c"] < expected["tin_rmse_c"] < 3 * known["tin_rmse_c"]
+    assert expected["weak_nodes"] == [7, 23]
+
+
 def _query_api(series: dict[str, tuple[Any, Any]]) -> FastAPI:
     """A stand-in for the query API's readings endpoint (its contract, served from memory).
 
@@ -98,7 +138,7 @@ def _query_api(series: dict[str, tuple[Any, Any]]) -> FastAPI:
         return JSONResponse(
             {
                 "sensor": sensor,
-                "unit": "W" if sensor.endswith("power") else "celsius",
+                "unit": "W" if sensor.endswith("power") else "°C",
                 "start_ns": start,
                 "end_ns": end,
                 "count": int(keep.sum()),

@@ -1,11 +1,16 @@
 """``datacenter``: a simulated hall measured as if it were real.
 
 On every read the plugin asks the allocator for the current placement
-(``GET {allocator_url}/api/v1/hall``), takes each node's power (``power_w``
-when the allocator reports one, the phase-dependent power of its job; else
-busy -> the hall's busy power, idle -> idle power), computes the inlet
-temperatures with the hall's thermal model (:mod:`services.common.thermal`,
-``Tin = Tsup + D·P``), adds Gaussian sensor noise and publishes:
+(``GET {allocator_url}/api/v1/hall``): which nodes are busy, with which job,
+and each node's average power (``power_w``, the phase-weighted power of its
+job; without it busy -> the hall's busy power, idle -> idle power). What a
+node draws at the sampled instant comes from
+:mod:`services.pusher.plugins.datacenter_load`: busy nodes alternate compute
+(3500 W) and communication (2700 W) phases whose time average is the
+allocator's figure, and every node's utilisation jitters. The inlet
+temperatures follow from the hall's thermal model
+(:mod:`services.common.thermal`, ``Tin = Tsup + D·P``, steady state: no
+thermal lag), sensor noise is added and the plugin publishes:
 
 * ``/hall/row<r>/rack<k>/node<s>/power`` (W) and ``.../inlet_temp`` (°C) per node,
   the names :func:`services.common.thermal.node_sensor` defines (the allocator's
@@ -24,37 +29,82 @@ is kept (all idle at first), the error is counted
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field
 
 from services.common.errors import ConfigError, KelvinError
 from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.pusher.plugins.base import (
+    Group,
+    GroupOptions,
+    Plugin,
+    PluginConfig,
+    Sensor,
+    interval_field,
+)
+from services.pusher.plugins.datacenter_load import (
+    COMM_POWER_W,
+    LoadSettings,
+    NodeLoad,
+    PhaseMode,
+)
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, period_s=60)
 
 
 class DatacenterConfig(PluginConfig):
+    interval_ms: int = interval_field(250)
+    """Sampling interval (ms): four samples a second, each a new power vector."""
     hall_file: str | None = None
     """Hall file (YAML/JSON + matrix, see services/common/halls/hallfile.py); None = reference."""
     allocator_url: str | None = None
     """Allocator base URL (default: the pusher's ``allocator_url``)."""
     noise_power_w: float = Field(10.0, ge=0)
-    """Standard deviation of the power sensors' noise (W)."""
+    """Standard deviation of the power meters' noise (W; 0.3-1 % of a node's reading)."""
     noise_temp_c: float = Field(0.1, ge=0)
     """Standard deviation of the inlet sensors' noise (°C)."""
+    phases: PhaseMode = "node"
+    """Busy nodes alternate compute/communication phases: each on its own clock (``node``),
+    a job's nodes in lock-step (``job``), or not at all (``off``: the average power)."""
+    phase_period_s: float = Field(2.0, gt=0)
+    """Mean length of one compute + communication cycle (s)."""
+    comm_power_w: float = Field(COMM_POWER_W, ge=0)
+    """A busy node's power while communicating (W); computing draws the hall's busy power."""
+    busy_jitter: float = Field(0.05, ge=0, le=1)
+    """Standard deviation of a busy node's utilisation, as a fraction of busy - idle power."""
+    idle_jitter: float = Field(0.02, ge=0, le=1)
+    """The same for an idle node."""
     seed: int | None = None
     """Noise seed (None = a fresh one per start)."""
     totals: bool = True
 
 
-def placement_powers(hall: Hall, doc: Any) -> tuple[Float64Array, np.ndarray]:
-    """(node powers in W, present mask) from the allocator's ``/api/v1/hall`` document."""
+@dataclass(frozen=True)
+class Placement:
+    """What the allocator says about every node."""
+
+    powers_w: Float64Array
+    """Average power (W); 0 for absent nodes."""
+    present: npt.NDArray[np.bool_]
+    busy: npt.NDArray[np.bool_]
+    jobs: list[str | None]
+
+    @classmethod
+    def idle(cls, hall: Hall) -> Placement:
+        present = hall.present_mask.copy()
+        busy = np.zeros(hall.n_nodes, dtype=bool)
+        return cls(hall.powers_w(busy), present, busy, [None] * hall.n_nodes)
+
+
+def placement_powers(hall: Hall, doc: Any) -> Placement:
+    """Node powers, presence, busy flags and jobs from the allocator's ``/api/v1/hall`` document."""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise KelvinError("allocator hall document has no 'nodes' list")
     nodes = doc["nodes"]
@@ -66,6 +116,7 @@ def placement_powers(hall: Hall, doc: Any) -> tuple[Float64Array, np.ndarray]:
         )
     power = np.full(n, np.nan)
     busy = np.zeros(n, dtype=bool)
+    jobs: list[str | None] = [None] * n
     present = np.ones(n, dtype=bool) if hall.present is None else hall.present.copy()
     for node in nodes:
         try:
@@ -73,6 +124,8 @@ def placement_powers(hall: Hall, doc: Any) -> tuple[Float64Array, np.ndarray]:
             if not 0 <= i < n:
                 raise KelvinError(f"allocator node index {i} outside 0..{n - 1}")
             busy[i] = bool(node.get("busy", False))
+            if node.get("job") is not None:
+                jobs[i] = str(node["job"])
             if node.get("power_w") is not None:
                 power[i] = float(node["power_w"])
             if node.get("present") is False:
@@ -80,7 +133,7 @@ def placement_powers(hall: Hall, doc: Any) -> tuple[Float64Array, np.ndarray]:
         except (KeyError, TypeError, ValueError) as exc:
             raise KelvinError(f"allocator hall document: bad node entry {node!r}") from exc
     powers = np.where(np.isnan(power), hall.powers_w(busy), power)
-    return np.where(present, powers, 0.0), present
+    return Placement(np.where(present, powers, 0.0), present, busy & present, jobs)
 
 
 class HallGroup(Group):
@@ -102,7 +155,7 @@ class HallGroup(Group):
             r = await p.client.get(p.url)
             if r.status_code != 200:
                 raise KelvinError(f"{p.url} answered HTTP {r.status_code}")
-            p.powers, p.present = placement_powers(p.hall, r.json())
+            p.placement = placement_powers(p.hall, r.json())
             p.notes[:] = [n for n in p.notes if not n.startswith("allocator")]
         except Exception as exc:  # any failure: keep the last placement, count it
             reason = "hall_mismatch" if "simulates" in str(exc) else "allocator_unreachable"
@@ -112,7 +165,7 @@ class HallGroup(Group):
             _rlog.warning(
                 f"datacenter:{p.context.instance}", "datacenter %s: %s", p.context.instance, msg
             )
-        return p.measure()
+        return p.measure(timestamp_ns)
 
 
 class DatacenterPlugin(Plugin):
@@ -145,8 +198,19 @@ class DatacenterPlugin(Plugin):
             timeout=0.8 * (opts.timeout_ms or opts.interval_ms) / 1000
         )
         self.rng = np.random.default_rng(cfg.seed)
-        self.powers = hall.powers_w(np.zeros(hall.n_nodes))
-        self.present = np.ones(hall.n_nodes, bool) if hall.present is None else hall.present
+        self.placement = Placement.idle(hall)
+        self.load = NodeLoad(
+            LoadSettings(
+                compute_w=hall.busy_power_w,
+                comm_w=cfg.comm_power_w,
+                idle_w=hall.idle_power_w,
+                phases=cfg.phases,
+                phase_period_s=cfg.phase_period_s,
+                busy_jitter=cfg.busy_jitter,
+                idle_jitter=cfg.idle_jitter,
+            ),
+            self.rng,
+        )
         prefix = cfg.prefix or HALL_SENSOR_PREFIX
         sopts = self.sensor_options(opts)
         sensors = [
@@ -165,21 +229,22 @@ class DatacenterPlugin(Plugin):
             ]
         return [HallGroup("hall", sensors, opts, self)]
 
-    def measure(self) -> Float64Array:
-        """One noisy measurement of the hall for the current powers."""
+    def measure(self, timestamp_ns: int) -> Float64Array:
+        """One noisy measurement of the hall at ``timestamp_ns`` for the current placement."""
         cfg = self.config
         assert isinstance(cfg, DatacenterConfig)
-        hall, n = self.hall, self.hall.n_nodes
-        inlet = hall.inlet_c(self.powers)
-        power = self.powers
+        hall, n, pl = self.hall, self.hall.n_nodes, self.placement
+        true_w = self.load.powers_w(timestamp_ns / 1e9, pl.powers_w, pl.busy, pl.jobs)
+        inlet = hall.inlet_c(true_w)
+        power = true_w
         if cfg.noise_power_w:
             power = np.maximum(power + self.rng.normal(0.0, cfg.noise_power_w, n), 0.0)
         if cfg.noise_temp_c:
             inlet = inlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
-        absent = ~self.present
+        absent = ~pl.present
         parts = [np.where(absent, np.nan, power), np.where(absent, np.nan, inlet)]
         if cfg.totals:
-            totals = [float(self.powers.sum()), hall.cooling_power_w(self.powers), hall.supply_c]
+            totals = [float(true_w.sum()), hall.cooling_power_w(true_w), hall.supply_c]
             parts.append(np.array(totals))
         return np.concatenate(parts)
 

@@ -21,6 +21,8 @@ from tests.pusher.conftest import (
 from tests.support.servers import Mosquitto
 
 HALL = reference_hall()
+STEADY = {"phases": "off", "busy_jitter": 0, "idle_jitter": 0}
+"""Every node draws the allocator's average power: the thermal model alone."""
 
 
 def hall_doc(busy: set[int], power_w: dict[int, float]) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def allocator() -> Iterator[JsonServer]:
 
 async def test_powers_and_inlets_follow_the_placement(allocator: JsonServer) -> None:
     allocator.doc = hall_doc(busy={0, 1, 2}, power_w={2: 2100.0})
-    section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0}
+    section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0, **STEADY}
     errors: list[str] = []
     plugin, (group,) = await build_plugin("datacenter", section)
     plugin.context.count_error = errors.append
@@ -78,7 +80,8 @@ async def test_noise_and_a_mismatched_hall(allocator: JsonServer) -> None:
     doc = hall_doc(busy=set(), power_w={})
     allocator.doc = {**doc, "nodes": doc["nodes"][:20]}
     errors: list[str] = []
-    plugin, (group,) = await build_plugin("datacenter", {"allocator_url": allocator.url, "seed": 7})
+    section = {"allocator_url": allocator.url, "seed": 7, **STEADY}
+    plugin, (group,) = await build_plugin("datacenter", section)
     plugin.context.count_error = errors.append
     values = await group.read_async(0)
     n = HALL.n_nodes
@@ -86,6 +89,33 @@ async def test_noise_and_a_mismatched_hall(allocator: JsonServer) -> None:
     assert errors == ["hall_mismatch"] and "has 20 nodes" in plugin.notes[0]
     assert 0 < np.abs(powers - HALL.idle_power_w).max() < 60, "10 W noise around idle"
     assert np.abs(inlets - HALL.inlet_c(np.full(n, HALL.idle_power_w))).max() < 0.6
+    await plugin.close()
+
+
+async def test_every_sample_is_a_new_power_vector_and_its_own_inlets(
+    allocator: JsonServer,
+) -> None:
+    """Phases and jitter move the powers between samples; the inlets follow the same powers."""
+    allocator.doc = hall_doc(busy=set(range(8)), power_w=dict.fromkeys(range(8), 3340.0))
+    section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0, "seed": 3}
+    plugin, (group,) = await build_plugin("datacenter", section)
+    assert group.options.interval_ms == 250
+    n = HALL.n_nodes
+    rows = [await group.read_async(k * 250_000_000) for k in range(400)]
+    powers = np.array([r[:n] for r in rows])
+    inlets = np.array([r[n : 2 * n] for r in rows])
+    # Tin = Tsup + D·P for the very powers published with them (no noise here).
+    np.testing.assert_allclose(inlets, HALL.supply_c + powers @ HALL.d_matrix.T, atol=1e-9)
+    busy, idle = powers[:, :8], powers[:, 8:]
+    # 3340 W average = a communication share of 0.2 between 3500 W and 2700 W phases.
+    assert busy.mean() == pytest.approx(3340.0, abs=40.0)
+    assert busy.std() > 300.0  # the phases, plus 125 W jitter
+    assert idle.mean() == pytest.approx(HALL.idle_power_w, abs=10.0)
+    assert idle.std() == pytest.approx(0.02 * 2500, rel=0.1)
+    # Busy nodes of one job are not in lock-step (phases: node, the default).
+    corr = np.corrcoef(busy.T)[np.triu_indices(8, 1)]
+    assert np.abs(corr).max() < 0.3
+    assert np.linalg.matrix_rank(powers[:60]) == 40  # a minute's worth: full rank at once
     await plugin.close()
 
 
@@ -106,6 +136,7 @@ async def test_demo_profile_publishes_the_hall(
     async with running(cfg) as svc:
         assert sorted(svc.manager.instances) == ["datacenter", "procfs"]
         await collector.wait_for(lambda: name in collector.readings)
-    assert collector.readings[name][0][1] == pytest.approx(HALL.busy_power_w, abs=80)
+    # busy at the hall's busy power, give or take 5 standard deviations of the 125 W jitter
+    assert collector.readings[name][0][1] == pytest.approx(HALL.busy_power_w, abs=625)
     assert collector.metadata[name].unit == "W"
     assert collector.metadata[node_sensor(HALL, 5, "inlet_temp")].unit == "°C"

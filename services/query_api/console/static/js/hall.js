@@ -198,7 +198,8 @@ export class HallView {
     const redline = hall.redline_c ?? t.redline_c ?? DEFAULT_REDLINE_C;
     const temps = hall.nodes.filter((n) => n.present !== false).map((n) => this.tempOf(n)).filter((x) => x !== null);
     const errorMode = this.mode === "error";
-    // Temperatures from the supply to the redline; model errors symmetric around zero.
+    // Temperatures from the supply (the one the inlets are at) to the redline; model errors
+    // symmetric around zero.
     const span = Math.max(1, ...temps.map(Math.abs));
     const lo = errorMode ? -span : Math.min(t.supply_c ?? 15, ...temps);
     const hi = errorMode ? span : Math.max(redline, ...temps);
@@ -281,6 +282,8 @@ export class HallView {
       ["Peak inlet, measured", Number.isFinite(measuredPeak) ? `${fmt(measuredPeak)} °C` : "–"],
       ["Redline", `${fmt(redline)} °C`],
       ["Supply air", `${fmt(t.supply_c)} °C`],
+      ...(Number.isFinite(t.raised_supply_c) ? [["Supply air, raised", `${fmt(t.raised_supply_c)} °C`,
+        "Tsup′ = supply + redline − predicted peak inlet: the supply that puts the peak inlet at the redline. CoP and cooling are computed at it; the inlet temperatures shown are at the supply above."]] : []),
       ["CoP", fmt(t.cop, 2)],
       ["Computing", `${fmt(t.computing_kw)} kW`],
       ["Cooling", `${fmt(t.cooling_kw)} kW`],
@@ -288,7 +291,7 @@ export class HallView {
     ];
     if (Number.isFinite(t.running_jobs)) rows.push(["Jobs running, queued", `${t.running_jobs}, ${t.queued_jobs ?? 0}`]);
     if (hall.policy) rows.push(["Policy", hall.policy]);
-    this.els.totals.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    this.els.totals.replaceChildren(...rows.flatMap(([k, v, why]) => [h("dt", why ? { title: why } : {}, k), h("dd", {}, v)]));
     if (this.totalSensors.length) {
       this.els.totals.append(h("dd", { class: "wide" }, h("button", {
         type: "button", class: "small", onclick: () => this.onChart(this.totalSensors),
