@@ -124,13 +124,23 @@ def keeps_peak(
     that keeps it is optimal for stage 1, and the cheapest admissible one is
     stage 2's answer. O(nnz of D), whatever the hall's size.
     """
+    quick, keeps = _within_today(view, rise, n, cols, cost)
+    return quick if keeps else None
+
+
+def _within_today(
+    view: View,
+    rise: Float64Array,
+    n: int,
+    cols: _Columns | None = None,
+    cost: Float64Array | None = None,
+) -> tuple[IntArray | None, bool]:
+    """Stage 2's answer if t* were today's peak (or None), and whether it keeps today's peak."""
     cols = cols or _Columns(view, rise)
     cost = tie_costs(view, rise, n) if cost is None else cost
     now = float(view.inlet_c.max())
     quick = _cheapest_within(view, rise, cols, cost, n, now + PEAK_TOLERANCE_C)
-    if quick is not None and peak_after(view, rise, quick) <= now:
-        return quick
-    return None
+    return quick, quick is not None and peak_after(view, rise, quick) <= now
 
 
 def heat_problem(view: View, rise: Float64Array) -> tuple[Float64Array, Float64Array]:
@@ -164,12 +174,13 @@ def solve_exact(
     free = view.free_idx
     cost = tie_costs(view, rise, n)
     monotone = bool(rise[free].min() >= 0)  # else a job drawing less than idle: inlets can fall
-    if monotone:
-        quick = keeps_peak(view, rise, n, _Columns(view, rise), cost)
-        if quick is not None:
-            return quick, True
+    quick, keeps = _within_today(view, rise, n, None, cost) if monotone else (None, False)
+    if keeps and quick is not None:
+        return quick, True
     upper = greedy(view, rise, n)
     t_high = peak_after(view, rise, upper)
+    if quick is not None and t_high <= float(view.inlet_c.max()):
+        return quick, True  # greedy proves t* = today's peak, so quick answers stage 2
     if monotone:
         base, heat = heat_problem(view, rise)
         red = reduce(base, heat, n, t_high + PEAK_TOLERANCE_C)

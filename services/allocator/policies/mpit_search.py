@@ -51,6 +51,8 @@ from services.allocator.model import Float64Array, IntArray
 
 DOMINANCE_MAX_ENTRIES = 20_000_000
 """Dominance pairs are looked for only while rows x nodes² stays below this (memory, time)."""
+TABLE_MAX_ENTRIES = 4_000_000
+"""The search runs only while its bound tables (nodes x rows x picks) stay below this (32 MB)."""
 
 
 @dataclass(frozen=True)
@@ -69,44 +71,53 @@ class Reduced:
     """How many of ``open`` the answer takes."""
 
 
-def _smallest_sums(values: Float64Array, k: int) -> Float64Array:
-    """(B, m) -> (B, k + 1): the sum of the r smallest entries of each row, inf where r > m."""
-    out = np.full((values.shape[0], k + 1), np.inf)
-    width = min(k, values.shape[1])
-    out[:, 0] = 0.0
-    if width:
-        out[:, 1 : width + 1] = np.cumsum(np.sort(values, axis=1)[:, :width], axis=1)
+def _suffix_smallest(values: Float64Array, k: int) -> Float64Array:
+    """(B, m) -> (m + 1, B, k + 1): [L, b, r] = sum of the r smallest of row b among columns L.. .
+
+    Built backwards in O(m B k): the r smallest of a column v plus a suffix
+    either skip v or take it with the r - 1 smallest of the suffix. inf where
+    fewer than r columns are left.
+    """
+    rows, m = values.shape
+    out = np.full((m + 1, rows, k + 1), np.inf)
+    out[:, :, 0] = 0.0
+    for col in range(m - 1, -1, -1):
+        out[col, :, 1:] = np.minimum(out[col + 1, :, 1:], out[col + 1, :, :-1] + values[:, [col]])
     return out
+
+
+def _smallest(values: Float64Array, count: int) -> tuple[Float64Array, Float64Array]:
+    """Per row: the sum of the ``count`` smallest entries and the largest of them (-inf if none)."""
+    if count <= 0:
+        return np.zeros(len(values)), np.full(len(values), -np.inf)
+    part = np.partition(values, count - 1, axis=1)[:, :count]
+    return part.sum(axis=1), part[:, count - 1]
 
 
 def reduce(base: Float64Array, heat: Float64Array, n: int, limit: float) -> Reduced | None:
     """Steps 1-3; None if no n-set keeps every row within ``limit`` (cannot happen for a real bound)."""
-    m = heat.shape[1]
-    ordered = np.sort(heat, axis=1)
-    low = base + ordered[:, :n].sum(axis=1)
-    high = base + ordered[:, m - n :].sum(axis=1)
+    low = base + _smallest(heat, n)[0]
+    high = base + _smallest(-heat, n)[0] * -1.0
     floor = max(float(base.max()), float(low.max()))
     rows = np.flatnonzero(high > floor)
     h, b = heat[rows], base[rows]
-    open_ = np.arange(m)
+    open_ = np.arange(heat.shape[1])
     forced: list[int] = []
     while len(rows):
         k = n - len(forced)
         if k <= 0 or k >= len(open_):
             break
         sub = h[:, open_]
-        load = b + h[:, forced].sum(axis=1)
-        order = np.argsort(sub, axis=1, kind="stable")
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(len(open_))[None, :], axis=1)
-        csum = np.concatenate(
-            [np.zeros((len(rows), 1)), np.cumsum(np.take_along_axis(sub, order, 1), 1)], 1
-        )
-        # with j: j plus the k-1 smallest others; without j: the k smallest others
-        others_with = np.where(rank < k - 1, csum[:, [k]] - sub, csum[:, [k - 1]])
-        others_without = np.where(rank < k, csum[:, [k + 1]] - sub, csum[:, [k]])
-        out = ((load[:, None] + sub + others_with) > limit).any(axis=0)
-        into = ((load[:, None] + others_without) > limit).any(axis=0) & ~out
+        load = (b + h[:, forced].sum(axis=1))[:, None]
+        # with j: j plus the k-1 smallest others; without j: the k smallest others. A j
+        # no larger than the k-th smallest is itself among the k smallest (by value).
+        sum_k1, top_k1 = _smallest(sub, k - 1)
+        sum_k, top_k = _smallest(sub, k)
+        sum_k2 = sum_k + np.partition(sub, k, axis=1)[:, k]
+        with_j = np.where(sub <= top_k1[:, None], sum_k[:, None], sum_k1[:, None] + sub)
+        without_j = np.where(sub <= top_k[:, None], sum_k2[:, None] - sub, sum_k[:, None])
+        out = ((load + with_j) > limit).any(axis=0)
+        into = ((load + without_j) > limit).any(axis=0) & ~out
         if not (out.any() or into.any()):
             break
         forced.extend(open_[into].tolist())
@@ -166,17 +177,21 @@ def layered_search(
         hottest = h.max(axis=0) if len(h) else np.zeros(len(red.open))
         order = np.lexsort((cost[red.open], -hottest))
     cols, h, c = red.open[order], h[:, order], cost[red.open][order]
-    dom = _dominance(h, c)
     m = len(cols)
+    # a set within floor + tol surely ties with the optimum: its cost prunes from the start
+    best_cost = _cheap_fill(start, h, c, k, red.floor + tol)
+    if best_cost == np.sort(c)[:k].sum():  # the k cheapest columns fit: nothing can beat them
+        return np.sort(np.r_[red.forced, cols[np.argsort(c, kind="stable")[:k]]])
+    if (len(h) + 1) * (m + 1) * (k + 1) > TABLE_MAX_ENTRIES:
+        return None
+    dom = _dominance(h, c)
+    heat_left = _suffix_smallest(h, k)
+    cost_left = _suffix_smallest(c[None, :], k)[:, 0, :]
     # the frontier: picked count, kept-row loads, cost, which columns were taken
     picked = np.zeros(1, dtype=np.int64)
     load = start[None, :]
     spent = np.zeros(1)
     taken = np.zeros((1, m), dtype=bool)
-    # a set within floor + tol surely ties with the optimum: its cost prunes from the start
-    best_cost = _cheap_fill(start, h, c, k, red.floor + tol)
-    if best_cost == np.sort(c)[:k].sum():  # the k cheapest columns fit: nothing can beat them
-        return np.sort(np.r_[red.forced, cols[np.argsort(c, kind="stable")[:k]]])
     for level in range(m):
         need_in = np.flatnonzero(dom[:level, level])  # earlier nodes that dominate this one
         need_out = np.flatnonzero(dom[level, :level])  # earlier nodes this one dominates
@@ -196,8 +211,8 @@ def layered_search(
             sure = done & (peak <= red.floor + tol)
             if sure.any():
                 best_cost = min(best_cost, float(spent[sure].min()))
-        bound = load + _smallest_sums(h[:, level + 1 :], k)[:, np.minimum(left, rest)].T
-        cheapest = _smallest_sums(c[None, level + 1 :], k)[0, np.minimum(left, rest)]
+        bound = load + heat_left[level + 1][:, np.minimum(left, rest)].T
+        cheapest = cost_left[level + 1, np.minimum(left, rest)]
         keep = (left <= rest) & (spent + cheapest <= best_cost)
         keep &= bound.max(axis=1, initial=red.floor) <= upper + tol
         picked, load, spent, taken = picked[keep], load[keep], spent[keep], taken[keep]
