@@ -59,6 +59,9 @@ class HttpServer:
             lifespan="on",
             timeout_graceful_shutdown=5,
             timeout_keep_alive=30,
+            # No Kelvin API speaks WebSocket; "auto" would import a library (~3 MB
+            # of RSS) on every compute node's pusher.
+            ws="none",
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(
