@@ -84,6 +84,22 @@ def test_mc1x1_fills_the_outer_shell_with_the_cheapest_subset() -> None:
     assert len(greedy_fill) == 5 and model.cc(greedy_fill) >= best - 1e-9
 
 
+@pytest.mark.parametrize("need", range(1, 10))
+def test_mc1x1_shell_fill_takes_the_first_cheapest_subset_at_every_size(need: int) -> None:
+    """Picks of more than half the shell enumerate the left-out nodes instead: same answer."""
+    model = HallModel(reference_hall())
+    inner = np.array([5, 6])
+    shell = np.array([0, 1, 2, 3, 4, 7, 8, 9, 10, 11])
+    got = fill_from_shell(model, inner, shell, need, exact_limit=10_000)
+    costs = [
+        (round(model.cc(np.r_[inner, c]), 9), c)
+        for c in itertools.combinations(shell.tolist(), need)
+    ]
+    best = min(cost for cost, _ in costs)
+    first = next(c for cost, c in costs if cost == best)  # lowest indices among ties
+    assert got.tolist() == sorted([*inner.tolist(), *first])
+
+
 def test_mc1x1_is_more_compact_than_mpit_and_joint_is_cooler_than_mc1x1() -> None:
     model = HallModel(reference_hall().subset_rows([0]))
     busy = np.zeros(40, bool)

@@ -39,12 +39,23 @@ def fill_from_shell(
     to_inner = distance_sums(model.pos[shell], model.pos[inner], w)
     among = distance_matrix(model.pos[shell], model.pos[shell], w)
     if math.comb(len(shell), need) <= exact_limit:
-        combos = _combinations(len(shell), need)
-        # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
-        cost = to_inner[combos].sum(axis=1)
-        cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
-        # lexicographic order of combinations makes argmin pick the lowest indices on ties
-        pick = combos[int(np.argmin(cost))]
+        drop = len(shell) - need
+        if drop < need:  # enumerate the few left out: the same order of costs, less work
+            combos = _combinations(len(shell), drop)
+            # pair sum added = constant - Σ_out (to inner + to the whole shell) + Σ within out
+            gain = (to_inner + among.sum(axis=1))[combos].sum(axis=1)
+            within = among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
+            cost = np.round(within - gain, 9)
+            # the lexicographically smallest pick leaves out the lexicographically largest set
+            out = combos[len(cost) - 1 - int(np.argmin(cost[::-1]))]
+            pick = np.setdiff1d(np.arange(len(shell)), out)
+        else:
+            combos = _combinations(len(shell), need)
+            # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
+            cost = to_inner[combos].sum(axis=1)
+            cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
+            # lexicographic order of combinations makes argmin pick the lowest indices on ties
+            pick = combos[int(np.argmin(np.round(cost, 9)))]
     else:
         added = to_inner.copy()
         taken = np.zeros(len(shell), dtype=bool)
