@@ -41,10 +41,10 @@ from services.allocator.policies import REGISTRY, PolicyOptions, View
 from services.allocator.policies.mpit import (
     PEAK_TOLERANCE_C,
     greedy,
+    heat_problem,
     keeps_peak,
     peak_after,
     solve_exact,
-    tie_costs,
 )
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Reduced
@@ -144,17 +144,11 @@ def _milp_only(view: View, rise: np.ndarray, n: int, limit_s: float) -> np.ndarr
     if quick is not None:
         return quick
     upper = greedy(view, rise, n)
-    rows, free = np.flatnonzero(view.model.present), view.free_idx
-    base = view.inlet_c[rows]
-    heat = view.model.d_rows[np.ix_(rows, free)] * rise[free]
-    cols = np.arange(len(free))
-    whole = Reduced(float(base.max()), np.arange(len(rows)), cols[:0], cols, n)
+    problem = heat_problem(view, rise, n, whole=True)
+    whole = Reduced.nothing(problem, float(problem.base.max()))
     deadline = time.monotonic() + limit_s
-    cost = tie_costs(view, rise, n)
-    found = solve_milp(
-        base, heat, cost, whole, peak_after(view, rise, upper), PEAK_TOLERANCE_C, deadline
-    )
-    return upper if found is None else free[found[0]]
+    found = solve_milp(problem, whole, peak_after(view, rise, upper), PEAK_TOLERANCE_C, deadline)
+    return upper if found is None else view.free_idx[found[0]]
 
 
 def _calibration(quick: bool) -> list[str]:

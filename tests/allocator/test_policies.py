@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.allocator.model import HallModel
-from services.allocator.policies import REGISTRY, PolicyOptions, Request, View, create
+from services.allocator.policies import REGISTRY, PolicyOptions, Request, create
 from services.allocator.policies.mc1x1 import fill_from_shell
 from services.allocator.policies.mpit import (
     PEAK_TOLERANCE_C,
@@ -20,26 +20,15 @@ from services.allocator.policies.mpit import (
     peak_after,
 )
 from services.common.errors import ConfigError
-from services.common.thermal import Hall, reference_hall
-
-
-def _random_hall(seed: int, rows: int = 2, racks: int = 2, slots: int = 3) -> Hall:
-    rng = np.random.default_rng(seed)
-    n = rows * racks * slots
-    d = rng.uniform(0, 4e-4, (n, n)) * (rng.random((n, n)) < 0.6)
-    return Hall(rows, racks, slots, d, name=f"random-{seed}")
-
-
-def _view(model: HallModel, busy: np.ndarray) -> View:
-    hall = model.hall
-    return View(model, model.present & ~busy, np.where(busy, hall.busy_power_w, hall.idle_power_w))
+from services.common.thermal import reference_hall
+from tests.allocator.policy_halls import random_hall, view_of
 
 
 def test_mpit_heuristic_above_the_size_limit_is_valid_and_close() -> None:
-    model = HallModel(_random_hall(7, 2, 3, 3))
+    model = HallModel(random_hall(7, 2, 3, 3))
     busy = np.zeros(model.n, bool)
     busy[[0, 5, 9]] = True
-    view = _view(model, busy)
+    view = view_of(model, busy)
     heuristic = create("mpit", PolicyOptions(mpit_exact_max_free=0))
     exact = create("mpit")
     rise = view.rise_per_node(3500.0)
@@ -54,7 +43,7 @@ def test_mpit_heuristic_above_the_size_limit_is_valid_and_close() -> None:
 
 def test_mpit_runner_ups_are_distinct_swaps_no_better_than_the_choice() -> None:
     model = HallModel(reference_hall())
-    view = _view(model, np.zeros(40, bool))
+    view = view_of(model, np.zeros(40, bool))
     sets = create("mpit").choose(view, Request(5, 3500.0), 3)
     assert len(sets) == 4
     assert len({tuple(s.tolist()) for s in sets}) == 4
@@ -67,7 +56,7 @@ def test_mpit_runner_ups_are_distinct_swaps_no_better_than_the_choice() -> None:
 
 def test_mc1x1_takes_the_lowest_corner_square_on_an_empty_row() -> None:
     model = HallModel(reference_hall().subset_rows([0]))
-    view = _view(model, np.zeros(40, bool))
+    view = view_of(model, np.zeros(40, bool))
     chosen = create("mc1x1").choose(view, Request(4, 3500.0), 0)[0]
     assert chosen.tolist() == [0, 1, 4, 5]
     assert model.cc(chosen) == pytest.approx(4.0)
@@ -104,7 +93,7 @@ def test_mc1x1_is_more_compact_than_mpit_and_joint_is_cooler_than_mc1x1() -> Non
     model = HallModel(reference_hall().subset_rows([0]))
     busy = np.zeros(40, bool)
     busy[[0, 1, 4, 5]] = True
-    view = _view(model, busy)
+    view = view_of(model, busy)
     rise = view.rise_per_node(3500.0)
     req = Request(5, 3500.0)
     mc = create("mc1x1").choose(view, req, 0)[0]
@@ -118,7 +107,7 @@ def test_mc1x1_is_more_compact_than_mpit_and_joint_is_cooler_than_mc1x1() -> Non
 
 def test_joint_candidates_are_shells_at_mpit_nodes() -> None:
     model = HallModel(reference_hall())
-    view = _view(model, np.zeros(40, bool))
+    view = view_of(model, np.zeros(40, bool))
     req = Request(6, 3500.0)
     sets = create("joint").choose(view, req, 10)
     rise = view.rise_per_node(3500.0)
@@ -132,7 +121,7 @@ def test_first_fit_and_random_baselines() -> None:
     model = HallModel(reference_hall())
     busy = np.zeros(40, bool)
     busy[[0, 2]] = True
-    view = _view(model, busy)
+    view = view_of(model, busy)
     ff = create("first-fit").choose(view, Request(3, 3500.0), 2)
     assert [s.tolist() for s in ff] == [[1, 3, 4], [3, 4, 5], [4, 5, 6]]
     a = create("random", PolicyOptions(seed=5)).choose(view, Request(6, 3500.0), 2)
@@ -149,7 +138,7 @@ def test_every_policy_returns_free_sets_of_the_right_size(name: str) -> None:
     rng = np.random.default_rng(9)
     for _ in range(5):
         busy = rng.random(40) < 0.5
-        view = _view(model, busy)
+        view = view_of(model, busy)
         n = int(rng.integers(1, len(view.free_idx) + 1))
         sets = create(name).choose(view, Request(n, 3300.0), 2)
         assert sets

@@ -29,20 +29,7 @@ from services.allocator.policies.mpit import (
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Reduced, reduce
 from services.common.thermal import Hall, reference_hall
-
-
-def _random_hall(seed: int, rows: int = 2, racks: int = 2, slots: int = 3) -> Hall:
-    rng = np.random.default_rng(seed)
-    n = rows * racks * slots
-    d = rng.uniform(0, 4e-4, (n, n)) * (rng.random((n, n)) < 0.6)
-    return Hall(rows, racks, slots, d, name=f"random-{seed}")
-
-
-def _view(model: HallModel, busy: np.ndarray, idle_w: float | None = None) -> View:
-    hall = model.hall
-    idle = hall.idle_power_w if idle_w is None else idle_w
-    powers = np.where(busy, hall.busy_power_w, idle)
-    return View(model, model.present & ~busy, np.where(model.present, powers, 0.0))
+from tests.allocator.policy_halls import random_hall, view_of
 
 
 def _brute_mpit(view: View, n: int, power_w: float) -> tuple[float, tuple[int, ...]]:
@@ -72,9 +59,9 @@ def _assert_exact(view: View, n: int, power_w: float, chosen: np.ndarray) -> Non
 
 @pytest.mark.parametrize("seed", range(6))
 def test_mpit_is_exact_at_every_size_on_dense_random_halls(seed: int) -> None:
-    model = HallModel(_random_hall(seed))
+    model = HallModel(random_hall(seed))
     busy = np.random.default_rng(100 + seed).random(model.n) < 0.3
-    view = _view(model, busy)
+    view = view_of(model, busy)
     mpit = create("mpit")
     for n in range(1, len(view.free_idx) + 1):
         _assert_exact(view, n, 3500.0, mpit.choose(view, Request(n, 3500.0), 0)[0])
@@ -86,7 +73,7 @@ def test_mpit_is_exact_at_hot_sizes_on_the_reference_row(seed: int) -> None:
     model = HallModel(reference_hall().subset_rows([0]))
     rng = np.random.default_rng(200 + seed)
     busy = model.present & (rng.random(model.n) < 0.25 * seed / 3)
-    view = _view(model, busy)
+    view = view_of(model, busy)
     free = len(view.free_idx)
     for n in sorted({round(free * 0.3), round(free * 0.45), round(free * 0.6)}):
         _assert_exact(view, n, 3300.0, create("mpit").choose(view, Request(n, 3300.0), 0)[0])
@@ -94,8 +81,8 @@ def test_mpit_is_exact_at_hot_sizes_on_the_reference_row(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_mpit_is_exact_at_hot_sizes_on_larger_dense_halls(seed: int) -> None:
-    model = HallModel(_random_hall(10 + seed, 2, 2, 4))
-    view = _view(model, np.zeros(model.n, bool))
+    model = HallModel(random_hall(10 + seed, 2, 2, 4))
+    view = view_of(model, np.zeros(model.n, bool))
     for n in (5, 7, 8, 10):
         _assert_exact(view, n, 3500.0, create("mpit").choose(view, Request(n, 3500.0), 0)[0])
 
@@ -114,7 +101,7 @@ def test_mpit_breaks_ties_on_every_key_by_the_lexicographically_smallest_set() -
     d[1:5, 4] = 0.375 / p
     model = HallModel(Hall(1, 2, 3, d, idle_power_w=0.0, busy_power_w=p, name="ties"))
     busy = np.array([True, False, False, False, False, True])
-    view = _view(model, busy)
+    view = view_of(model, busy)
     chosen = create("mpit").choose(view, Request(2, p), 0)[0]
     assert chosen.tolist() == [1, 4]
     _assert_exact(view, 2, p, chosen)
@@ -123,9 +110,9 @@ def test_mpit_breaks_ties_on_every_key_by_the_lexicographically_smallest_set() -
 @pytest.mark.parametrize("seed", range(3))
 def test_mpit_milp_fallback_is_exact_too(seed: int) -> None:
     """With no state budget the layered search gives up at once and the MILP answers."""
-    model = HallModel(_random_hall(20 + seed, 2, 2, 4))
+    model = HallModel(random_hall(20 + seed, 2, 2, 4))
     busy = np.random.default_rng(seed).random(model.n) < 0.2
-    view = _view(model, busy)
+    view = view_of(model, busy)
     rise = view.rise_per_node(3500.0)
     for n in (3, 6, 8):
         found = solve_exact(view, rise, n, 10.0, max_states=0)
@@ -137,10 +124,10 @@ def test_mpit_milp_fallback_is_exact_too(seed: int) -> None:
 
 def test_mpit_is_exact_when_the_job_draws_less_than_idle() -> None:
     """Negative power rise: inlets can fall, the bounds do not hold, the MILP answers alone."""
-    model = HallModel(_random_hall(30, 2, 2, 3))
+    model = HallModel(random_hall(30, 2, 2, 3))
     busy = np.zeros(model.n, bool)
     busy[[0, 7]] = True
-    view = _view(model, busy, idle_w=3000.0)
+    view = view_of(model, busy, idle_w=3000.0)
     for n in (2, 5):
         _assert_exact(view, n, 2700.0, create("mpit").choose(view, Request(n, 2700.0), 0)[0])
 
@@ -149,14 +136,15 @@ def test_mpit_is_exact_when_the_job_draws_less_than_idle() -> None:
 def test_reduce_keeps_every_set_that_can_tie(n: int) -> None:
     model = HallModel(reference_hall().subset_rows([0]))
     busy = model.present & (np.arange(model.n) % 7 == 3)
-    view = _view(model, busy)
+    view = view_of(model, busy)
     rise = view.rise_per_node(3500.0)
-    base, heat = heat_problem(view, rise)
+    problem = heat_problem(view, rise, n)
     best, winner = _brute_mpit(view, n, 3500.0)
-    red = reduce(base, heat, n, best + PEAK_TOLERANCE_C)
+    red = reduce(problem, best + PEAK_TOLERANCE_C)
     assert red is not None and red.floor <= best + 1e-12
-    dropped = np.setdiff1d(np.arange(len(base)), red.rows)
-    most = base[dropped] + np.sort(heat[dropped], axis=1)[:, -n:].sum(axis=1)
+    dropped = np.setdiff1d(np.arange(len(problem.base)), red.rows)
+    heat = problem.heat[dropped]
+    most = problem.base[dropped] + np.sort(heat, axis=1)[:, -n:].sum(axis=1)
     assert dropped.size and (most <= red.floor).all()  # a dropped row can never pass the floor
     forced = set(view.free_idx[red.forced].tolist())
     assert forced <= set(winner) <= forced | set(view.free_idx[red.open].tolist())
@@ -177,18 +165,13 @@ def test_mpit_matches_the_unreduced_milp_at_hot_sizes_on_the_reference_hall(case
     """Too many subsets for brute force: the independent MILP (no reduction, no search) decides."""
     busy, n = _hot_reference_cases()[case]
     model = HallModel(reference_hall())
-    view = _view(model, busy)
+    view = view_of(model, busy)
     power = model.power.busy_w(0.2)
     rise = view.rise_per_node(power)
     chosen = create("mpit").choose(view, Request(n, power), 0)[0]
-    rows, free = np.flatnonzero(model.present), view.free_idx
-    base = view.inlet_c[rows]
-    heat = model.d_rows[np.ix_(rows, free)] * rise[free]
-    cols = np.arange(len(free))
-    whole = Reduced(float(base.max()), np.arange(len(rows)), cols[:0], cols, n)
+    problem = heat_problem(view, rise, n, whole=True)
+    whole = Reduced.nothing(problem, float(problem.base.max()))
     upper = peak_after(view, rise, greedy(view, rise, n))
-    found = solve_milp(
-        base, heat, tie_costs(view, rise, n), whole, upper, PEAK_TOLERANCE_C, time.monotonic() + 30
-    )
+    found = solve_milp(problem, whole, upper, PEAK_TOLERANCE_C, time.monotonic() + 30)
     assert found is not None and found[1]
-    assert chosen.tolist() == free[found[0]].tolist()
+    assert chosen.tolist() == view.free_idx[found[0]].tolist()

@@ -45,7 +45,7 @@ import scipy.sparse as sp
 from services.allocator.model import Float64Array, IntArray
 from services.allocator.policies.base import Policy, Request, View, distinct, register
 from services.allocator.policies.mpit_milp import solve_milp
-from services.allocator.policies.mpit_search import Reduced, layered_search, reduce
+from services.allocator.policies.mpit_search import Problem, Reduced, layered_search, reduce
 
 PEAK_TOLERANCE_C = 1e-4
 """Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
@@ -111,52 +111,43 @@ def tie_costs(view: View, rise: Float64Array, n: int) -> Float64Array:
     return total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
 
 
-def keeps_peak(
-    view: View,
-    rise: Float64Array,
-    n: int,
-    cols: _Columns | None = None,
-    cost: Float64Array | None = None,
-) -> IntArray | None:
+def keeps_peak(view: View, rise: Float64Array, n: int) -> IntArray | None:
     """The exact MPIT answer when some set keeps today's peak (the usual case), else None.
 
     The peak can never drop below today's (D >= 0, powers only rise), so a set
     that keeps it is optimal for stage 1, and the cheapest admissible one is
     stage 2's answer. O(nnz of D), whatever the hall's size.
     """
-    quick, keeps = _within_today(view, rise, n, cols, cost)
+    quick, keeps = _within_today(view, rise, n)
     return quick if keeps else None
 
 
-def _within_today(
-    view: View,
-    rise: Float64Array,
-    n: int,
-    cols: _Columns | None = None,
-    cost: Float64Array | None = None,
-) -> tuple[IntArray | None, bool]:
+def _within_today(view: View, rise: Float64Array, n: int) -> tuple[IntArray | None, bool]:
     """Stage 2's answer if t* were today's peak (or None), and whether it keeps today's peak."""
-    cols = cols or _Columns(view, rise)
-    cost = tie_costs(view, rise, n) if cost is None else cost
     now = float(view.inlet_c.max())
-    quick = _cheapest_within(view, rise, cols, cost, n, now + PEAK_TOLERANCE_C)
+    cost = tie_costs(view, rise, n)
+    quick = _cheapest_within(view, rise, _Columns(view, rise), cost, n, now + PEAK_TOLERANCE_C)
     return quick, quick is not None and peak_after(view, rise, quick) <= now
 
 
-def heat_problem(view: View, rise: Float64Array) -> tuple[Float64Array, Float64Array]:
-    """Today's inlets ``b`` and the free nodes' heat ``H`` (dense) on the rows that could matter.
+def heat_problem(view: View, rise: Float64Array, n: int, whole: bool = False) -> Problem:
+    """Today's inlets, the free nodes' heat (dense) and stage-2 costs, on the rows that could matter.
 
     A row that stays at or below today's peak with every free node busy never
     decides anything; the hottest row today is kept so that ``b.max()`` is
-    today's peak (the search's floor relies on it).
+    today's peak (the search's floor relies on it). ``whole``: every present row.
     """
     free = view.free_idx
     tin = view.inlet_c
     cols = view.model.d_csc[:, free] @ sp.diags(rise[free])
-    reach = tin + np.asarray(cols.sum(axis=1)).ravel()
-    rows = np.flatnonzero(view.model.present & (reach > tin.max()))
-    rows = np.union1d(rows, [int(np.argmax(tin))])
-    return tin[rows], np.asarray(cols.tocsr()[rows].toarray())
+    present = view.model.present
+    if whole:
+        rows = np.flatnonzero(present)
+    else:
+        reach = tin + np.asarray(cols.sum(axis=1)).ravel()
+        rows = np.union1d(np.flatnonzero(present & (reach > tin.max())), [int(np.argmax(tin))])
+    heat = np.asarray(cols.tocsr()[rows].toarray())
+    return Problem(tin[rows], heat, tie_costs(view, rise, n), n)
 
 
 def solve_exact(
@@ -172,32 +163,25 @@ def solve_exact(
     """
     deadline = time.monotonic() + time_limit_s
     free = view.free_idx
-    cost = tie_costs(view, rise, n)
     monotone = bool(rise[free].min() >= 0)  # else a job drawing less than idle: inlets can fall
-    quick, keeps = _within_today(view, rise, n, None, cost) if monotone else (None, False)
+    quick, keeps = _within_today(view, rise, n) if monotone else (None, False)
     if keeps and quick is not None:
         return quick, True
     upper = greedy(view, rise, n)
     t_high = peak_after(view, rise, upper)
     if quick is not None and t_high <= float(view.inlet_c.max()):
         return quick, True  # greedy proves t* = today's peak, so quick answers stage 2
+    problem = heat_problem(view, rise, n, whole=not monotone)
     if monotone:
-        base, heat = heat_problem(view, rise)
-        red = reduce(base, heat, n, t_high + PEAK_TOLERANCE_C)
+        red = reduce(problem, t_high + PEAK_TOLERANCE_C)
         if red is None:  # only by rounding: greedy's own set is within the limit
             return upper, False
-        found = layered_search(
-            base, heat, cost, red, t_high, PEAK_TOLERANCE_C, max_states, deadline
-        )
+        found = layered_search(problem, red, t_high, PEAK_TOLERANCE_C, max_states, deadline)
         if found is not None:
             return free[found], True
     else:  # no bound holds: the MILP on the whole problem
-        rows = np.flatnonzero(view.model.present)
-        base = view.inlet_c[rows]
-        heat = view.model.d_rows[np.ix_(rows, free)] * rise[free]
-        cols = np.arange(len(free))
-        red = Reduced(-np.inf, np.arange(len(rows)), cols[:0], cols, n)
-    solved = solve_milp(base, heat, cost, red, t_high, PEAK_TOLERANCE_C, deadline)
+        red = Reduced.nothing(problem, -np.inf)
+    solved = solve_milp(problem, red, t_high, PEAK_TOLERANCE_C, deadline)
     if solved is None or peak_after(view, rise, free[solved[0]]) > t_high + PEAK_TOLERANCE_C:
         return upper, False
     return free[solved[0]], solved[1]

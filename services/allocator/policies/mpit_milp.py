@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from services.allocator.model import Float64Array, IntArray
-from services.allocator.policies.mpit_search import Reduced
+from services.allocator.policies.mpit_search import Problem, Reduced, restrict
 
 
 def _peak(load: Float64Array, red: Reduced) -> float:
@@ -31,22 +31,14 @@ def _peak(load: Float64Array, red: Reduced) -> float:
 
 
 def solve_milp(
-    base: Float64Array,
-    heat: Float64Array,
-    cost: Float64Array,
-    red: Reduced,
-    upper: float,
-    tol: float,
-    deadline: float,
+    problem: Problem, red: Reduced, upper: float, tol: float, deadline: float
 ) -> tuple[IntArray, bool] | None:
     """The answer's columns (sorted) and whether HiGHS proved both stages; None if it found nothing."""
-    h = heat[np.ix_(red.rows, red.open)]
-    b = base[red.rows] + heat[np.ix_(red.rows, red.forced)].sum(axis=1)
+    b, h, c = restrict(problem, red)
     m, k = len(red.open), red.k
     if k == 0 or k == m:
         return np.sort(np.r_[red.forced, red.open if k else red.open[:0]]), True
     h_sparse = sp.csr_matrix(h)
-    c = cost[red.open]
     proven, first = True, None
     t_star = red.floor
     if upper > red.floor + 1e-9:  # else the floor proves greedy's peak optimal: no stage 1

@@ -56,6 +56,20 @@ TABLE_MAX_ENTRIES = 4_000_000
 
 
 @dataclass(frozen=True)
+class Problem:
+    """MPIT on the rows that could matter: today's inlets, the free nodes' heat, stage-2 costs."""
+
+    base: Float64Array
+    """b_i: today's inlet of each row (the hottest row today among them)."""
+    heat: Float64Array
+    """H_ij >= 0: free node j's heat on row i (rows x free nodes)."""
+    cost: Float64Array
+    """Stage 2's integer cost of each free node."""
+    n: int
+    """Nodes the job takes."""
+
+
+@dataclass(frozen=True)
 class Reduced:
     """The problem after steps 1-3: kept rows, forced and undecided columns."""
 
@@ -69,6 +83,12 @@ class Reduced:
     """Columns still undecided."""
     k: int
     """How many of ``open`` the answer takes."""
+
+    @classmethod
+    def nothing(cls, problem: Problem, floor: float) -> Reduced:
+        """The whole problem, unreduced (``floor``: any proven lower bound, -inf if none)."""
+        rows, cols = np.arange(problem.heat.shape[0]), np.arange(problem.heat.shape[1])
+        return cls(floor, rows, cols[:0], cols, problem.n)
 
 
 def _suffix_smallest(values: Float64Array, k: int) -> Float64Array:
@@ -94,8 +114,16 @@ def _smallest(values: Float64Array, count: int) -> tuple[Float64Array, Float64Ar
     return part.sum(axis=1), part[:, count - 1]
 
 
-def reduce(base: Float64Array, heat: Float64Array, n: int, limit: float) -> Reduced | None:
+def restrict(problem: Problem, red: Reduced) -> tuple[Float64Array, Float64Array, Float64Array]:
+    """Kept rows' loads with the forced columns in, the open columns' heat on them and costs."""
+    heat = problem.heat
+    start = problem.base[red.rows] + heat[np.ix_(red.rows, red.forced)].sum(axis=1)
+    return start, heat[np.ix_(red.rows, red.open)], problem.cost[red.open]
+
+
+def reduce(problem: Problem, limit: float) -> Reduced | None:
     """Steps 1-3; None if no n-set keeps every row within ``limit`` (cannot happen for a real bound)."""
+    base, heat, n = problem.base, problem.heat, problem.n
     low = base + _smallest(heat, n)[0]
     high = base + _smallest(-heat, n)[0] * -1.0
     floor = max(float(base.max()), float(low.max()))
@@ -156,27 +184,19 @@ def _cheap_fill(
 
 
 def layered_search(
-    base: Float64Array,
-    heat: Float64Array,
-    cost: Float64Array,
-    red: Reduced,
-    upper: float,
-    tol: float,
-    max_states: int,
-    deadline: float,
+    problem: Problem, red: Reduced, upper: float, tol: float, max_states: int, deadline: float
 ) -> IntArray | None:
     """Step 4-5 on a reduced problem: the answer's columns (sorted), or None when over budget."""
     k = red.k
-    h = heat[np.ix_(red.rows, red.open)]
-    start = base[red.rows] + heat[np.ix_(red.rows, red.forced)].sum(axis=1)
+    start, h, c = restrict(problem, red)
     if k == 0 or k == len(red.open):
         return np.sort(np.r_[red.forced, red.open[:k] if k == 0 else red.open])
     if upper <= red.floor + tol:  # stage 1 settled: only cost decides, cheapest first
-        order = np.argsort(cost[red.open], kind="stable")
+        order = np.argsort(c, kind="stable")
     else:  # the hottest columns first: deciding them early makes the heat bounds bite
         hottest = h.max(axis=0) if len(h) else np.zeros(len(red.open))
-        order = np.lexsort((cost[red.open], -hottest))
-    cols, h, c = red.open[order], h[:, order], cost[red.open][order]
+        order = np.lexsort((c, -hottest))
+    cols, h, c = red.open[order], h[:, order], c[order]
     m = len(cols)
     # a set within floor + tol surely ties with the optimum: its cost prunes from the start
     best_cost = _cheap_fill(start, h, c, k, red.floor + tol)
