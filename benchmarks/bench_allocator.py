@@ -222,9 +222,7 @@ def _mpit_rows(model: HallModel, hot: list) -> tuple[str, str]:  # type: ignore[
     for state, n in hot:
         view = View(model, state.free.copy(), state.powers_w.copy())
         rise = view.rise_per_node(model.power.busy_w(0.2))
-        found, te = _timed(solve_exact, view, rise, n, FORCED_LIMIT_S)
-        assert found is not None
-        exact_nodes, ok = found
+        (exact_nodes, ok), te = _timed(solve_exact, view, rise, n, FORCED_LIMIT_S)
         proven += int(ok)
         reference, tm = _timed(_milp_only, view, rise, n, FORCED_LIMIT_S)
         same += int(np.array_equal(reference, exact_nodes))

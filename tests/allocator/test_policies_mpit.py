@@ -115,11 +115,10 @@ def test_mpit_milp_fallback_is_exact_too(seed: int) -> None:
     view = view_of(model, busy)
     rise = view.rise_per_node(3500.0)
     for n in (3, 6, 8):
-        found = solve_exact(view, rise, n, 10.0, max_states=0)
-        assert found is not None and found[1]
+        nodes, proven = solve_exact(view, rise, n, 10.0, max_states=0)
         best, winner = _brute_mpit(view, n, 3500.0)
-        assert peak_after(view, rise, found[0]) <= best + PEAK_TOLERANCE_C
-        assert tuple(found[0].tolist()) == winner
+        assert proven and peak_after(view, rise, nodes) <= best + PEAK_TOLERANCE_C
+        assert tuple(nodes.tolist()) == winner
 
 
 def test_mpit_is_exact_when_the_job_draws_less_than_idle() -> None:

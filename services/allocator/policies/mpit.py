@@ -152,8 +152,8 @@ def heat_problem(view: View, rise: Float64Array, n: int, whole: bool = False) ->
 
 def solve_exact(
     view: View, rise: Float64Array, n: int, time_limit_s: float, max_states: int = SEARCH_MAX_STATES
-) -> tuple[IntArray, bool] | None:
-    """The exact answer within ``time_limit_s``: (nodes, proven optimal), or None.
+) -> tuple[IntArray, bool]:
+    """The exact answer within ``time_limit_s``: (nodes, proven optimal).
 
     :func:`keeps_peak` first; then the greedy answer bounds the peak from
     above, :func:`.mpit_search.reduce` shrinks the problem and the layered
@@ -245,21 +245,19 @@ def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) ->
 
 @register
 class Mpit(Policy):
-    """Minimise the peak inlet temperature (exact MILP, greedy above a size limit)."""
+    """Minimise the peak inlet temperature (exact search + MILP, greedy above a size limit)."""
 
     name = "mpit"
-    summary = "minimise the hall's peak inlet temperature (exact MILP; greedy on huge halls)"
+    summary = "minimise the hall's peak inlet temperature (exact; greedy on huge halls)"
 
     def choose(self, view: View, request: Request, alternatives: int) -> list[IntArray]:
         rise = view.rise_per_node(request.power_w)
         n = request.size
-        chosen: IntArray | None = None
+        chosen: IntArray | None
         if len(view.free_idx) > self.options.mpit_exact_max_free:
             chosen = keeps_peak(view, rise, n)
-        else:
-            # never worse than greedy: greedy's peak bounds the MILP from above
-            found = solve_exact(view, rise, n, self.options.mpit_time_limit_s)
-            chosen = None if found is None else found[0]
+        else:  # never worse than greedy: greedy's peak bounds the exact solver from above
+            chosen = solve_exact(view, rise, n, self.options.mpit_time_limit_s)[0]
         if chosen is None:
             chosen = greedy(view, rise, n)
         return [chosen, *swap_runner_ups(view, rise, chosen, alternatives)]

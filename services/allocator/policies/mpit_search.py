@@ -25,18 +25,21 @@ smallest contributions and above by its largest.
    answer never holds b without a (``x_b <= x_a``); swapping an optimal-peak
    set until no such pair is left also keeps its peak, so t* survives too.
 5. *Layered branch-and-bound.* Nodes are decided in a fixed order (the
-   hottest column first). Layer L holds every assignment of the first L
-   nodes that can still lead to the answer; one assignment is dropped when a
-   row's load plus the r smallest entries of the undecided nodes exceeds the
-   best complete peak so far + tol (r = nodes still to pick), when its cost
-   plus the r cheapest undecided costs exceeds the cost of a set already
-   known to tie (peak <= floor + tol), or when it breaks 4. All states of a
-   layer share the same undecided nodes, so a layer's bounds are one sort of
-   the remaining columns and one table look-up: vectorised over the layer.
+   hottest column first; the cheapest first once the floor proves the
+   greedy peak). Layer L holds every assignment of the first L nodes that
+   can still lead to the answer; one assignment is dropped when a row's
+   load plus the r smallest entries of the undecided nodes exceeds the best
+   complete peak so far + tol (r = nodes still to pick), when its cost plus
+   the r cheapest undecided costs exceeds the cost of a set already known
+   to tie (peak <= floor + tol; a cheapest-first fill seeds one, and if the
+   k cheapest nodes fit, they are the answer at once), or when it breaks 4.
+   All states of a layer share the same undecided nodes, so a layer's
+   bounds are one look-up in tables built once: vectorised over the layer.
 
 On the reference hall the widest layer holds a few dozen states. The search
-gives up (returns None) when a layer outgrows ``max_states`` or the deadline
-passes; the caller then falls back to the MILP on the reduced problem.
+gives up (returns None) when its tables would be too large, a layer
+outgrows ``max_states`` or the deadline passes; the caller then falls back
+to the MILP on the reduced problem.
 """
 
 from __future__ import annotations
@@ -236,8 +239,8 @@ def layered_search(
         keep = (left <= rest) & (spent + cheapest <= best_cost)
         keep &= bound.max(axis=1, initial=red.floor) <= upper + tol
         picked, load, spent, taken = picked[keep], load[keep], spent[keep], taken[keep]
-        if len(picked) > max_states or time.monotonic() > deadline:
-            return None
+        if not 0 < len(picked) <= max_states or time.monotonic() > deadline:
+            return None  # (an empty layer cannot happen but for rounding: the MILP decides)
     peak = np.maximum(load.max(axis=1, initial=-np.inf), red.floor)
     tied = peak <= float(peak.min()) + tol
     cheapest_sets = taken[tied & (spent == spent[tied].min())]
