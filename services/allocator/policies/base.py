@@ -29,9 +29,9 @@ class PolicyOptions:
     seed: int = 0
     """Seed of the ``random`` policy."""
     mpit_exact_max_free: int = 600
-    """MPIT solves the exact MILP while at most this many nodes are free; above, the heuristic."""
+    """MPIT solves exactly (search, MILP fallback) while at most this many nodes are free."""
     mpit_time_limit_s: float = 1.0
-    """Cap on each MILP stage; on time-out the better of incumbent and heuristic is used."""
+    """Cap on MPIT's exact solver, all steps together; on time-out the better of incumbent and greedy."""
     joint_max_centres: int = 16
     """Joint opens shells at no more of MPIT's nodes than this (the most compact centres)."""
     mc_tie_limit: int = 64
