@@ -63,9 +63,9 @@ class Settings(SectionSettings):
     runner_ups: int = Field(3, ge=0, le=20)
     """Alternatives every decision reports."""
     mpit_exact_max_free: int = Field(600, ge=0)
-    """MPIT solves the exact MILP up to this many free nodes; the greedy heuristic above."""
+    """MPIT solves exactly (bounded search, HiGHS MILP as fallback) up to this many free nodes; the greedy heuristic above."""
     mpit_time_limit_s: float = Field(1.0, gt=0)
-    """Time cap per MILP stage."""
+    """Time cap per exact-solver stage (the best answer found so far is kept at the cap)."""
     joint_max_centres: int = Field(16, ge=1)
     """Joint opens MC1x1 shells at no more than this many of MPIT's nodes (the most compact)."""
     sensor_prefix: str = "/kelvin/allocator"
