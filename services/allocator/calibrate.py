@@ -3,8 +3,9 @@
 ``Tin_i(t) - Tsup = Σ_j D_ij P_j(t)`` is linear in row i of D, so each row is
 a non-negative least-squares fit (``scipy.optimize.nnls``) of the inlet rise
 against all node powers over many operating points. Series are first aligned
-onto common instants (:func:`align`). The model is steady state: sample
-slower than the hall's thermal time constant, or expect the lag as error.
+onto common instants (:func:`align`). The model is steady state: where the
+inlets lag the powers, average both over windows several times the hall's
+thermal time constant (``step_ns``), or expect the lag as error.
 :func:`standard_errors` says from the data alone how well D is determined, so
 a site without a known D still learns whether it has sampled enough.
 """
@@ -56,32 +57,37 @@ def align(
 ) -> Samples:
     """Operating points: every sensor's value at the same instants.
 
-    Sensors read together (one pusher group, as the simulated hall's) share
-    their timestamps; without ``step_ns``, when at least half of the instants
-    are shared, those instants are the samples: each reading once, none
-    repeated or skipped. Otherwise the series are sampled on one grid (last
-    value at or before each instant) spanning the time all series overlap,
-    with ``step_ns`` (default: the median sampling interval); an instant is
-    kept only when every series has a reading no older than ``max_age_ns``
-    (default 1.5 steps).
+    With ``step_ns``, each operating point is the mean of every series over one
+    window of that length (every reading counts once; windows where a series
+    has none are dropped): over windows longer than the hall's thermal time
+    constant, mean inlets follow mean powers even where single readings lag.
+    Without it, sensors read together (one pusher group, as the simulated
+    hall's) share their timestamps, and when most instants are shared those
+    are the samples: each reading once, none repeated or skipped. Otherwise
+    the series are sampled on one grid (last value at or before each instant)
+    at the median sampling interval over the time all series overlap; an
+    instant is kept only when every series has a reading no older than
+    ``max_age_ns`` (default 1.5 steps).
     """
     series = power + inlet
     if any(len(ts) == 0 for ts, _ in series):
         raise CalibrationError("a sensor has no readings in the window")
-    if step_ns is None:
-        shared = _shared_instants(series)
-        if shared is not None:
-            return _take(shared, power, inlet)
-        diffs = [np.median(np.diff(ts)) for ts, _ in series if len(ts) > 1]
-        if not diffs:
-            raise CalibrationError("every sensor has a single reading; need many operating points")
-        step_ns = max(1, int(np.median(diffs)))
-    max_age = int(1.5 * step_ns) if max_age_ns is None else max_age_ns
     start = max(int(ts[0]) for ts, _ in series)
     stop = min(int(ts[-1]) for ts, _ in series)
     if stop < start:
         raise CalibrationError("the sensors' readings do not overlap in time")
-    grid = np.arange(start, stop + 1, step_ns, dtype=np.int64)
+    n = len(power)
+    if step_ns is not None:
+        return _window_means(series, n, start, stop, step_ns)
+    shared = _shared_instants(series)
+    if shared is not None:
+        return _take(shared, series, n)
+    diffs = [np.median(np.diff(ts)) for ts, _ in series if len(ts) > 1]
+    if not diffs:
+        raise CalibrationError("every sensor has a single reading; need many operating points")
+    step = max(1, int(np.median(diffs)))
+    max_age = int(1.5 * step) if max_age_ns is None else max_age_ns
+    grid = np.arange(start, stop + 1, step, dtype=np.int64)
     values = np.empty((len(series), len(grid)))
     ok = np.ones(len(grid), dtype=bool)
     for k, (ts, vs) in enumerate(series):
@@ -91,8 +97,25 @@ def align(
         ok &= (grid - ts[idx]) <= max_age
         values[k] = vs[idx]
     ok &= np.isfinite(values).all(axis=0)
-    n = len(power)
     return Samples(grid[ok], values[:n, ok].T.copy(), values[n:, ok].T.copy())
+
+
+def _window_means(series: list[Series], n: int, start: int, stop: int, step_ns: int) -> Samples:
+    """Each series' mean over the windows ``[start + k·step, start + (k+1)·step)``."""
+    if step_ns <= 0:
+        raise CalibrationError(f"step must be positive, got {step_ns} ns")
+    windows = (stop - start) // step_ns + 1
+    sums = np.zeros((len(series), windows))
+    counts = np.zeros((len(series), windows))
+    for k, (ts, vs) in enumerate(series):
+        keep = (ts >= start) & (ts < start + windows * step_ns) & np.isfinite(vs)
+        idx = (ts[keep] - start) // step_ns
+        sums[k] = np.bincount(idx, weights=vs[keep], minlength=windows)
+        counts[k] = np.bincount(idx, minlength=windows)
+    ok = (counts > 0).all(axis=0)
+    means = sums[:, ok] / counts[:, ok]
+    times = start + np.flatnonzero(ok).astype(np.int64) * step_ns
+    return Samples(times, means[:n].T.copy(), means[n:].T.copy())
 
 
 def _shared_instants(series: list[Series]) -> Int64Array | None:
@@ -106,14 +129,13 @@ def _shared_instants(series: list[Series]) -> Int64Array | None:
     return common if len(common) >= 0.5 * typical else None
 
 
-def _take(instants: Int64Array, power: list[Series], inlet: list[Series]) -> Samples:
+def _take(instants: Int64Array, series: list[Series], n: int) -> Samples:
     """Each series' reading at exactly ``instants`` (every series has one there)."""
-    values = np.empty((len(power) + len(inlet), len(instants)))
-    for k, (ts, vs) in enumerate(power + inlet):
+    values = np.empty((len(series), len(instants)))
+    for k, (ts, vs) in enumerate(series):
         idx = np.searchsorted(ts, instants, side="right") - 1  # the last of any duplicates
         values[k] = vs[idx]
     ok = np.isfinite(values).all(axis=0)
-    n = len(power)
     return Samples(instants[ok], values[:n, ok].T.copy(), values[n:, ok].T.copy())
 
 
@@ -176,7 +198,7 @@ def standard_errors(
 
     Each row of D has covariance ``s² (PᵀP)⁻¹`` (``s``: the fit RMSE) when fitted
     without the non-negativity bound; the bound only removes error, so these
-    are upper estimates (about 1.3x the error measured against a known D on
+    are upper estimates (1.3-1.5x the error measured against a known D on
     the simulated hall). Reported like :func:`compare`: the expected relative
     Frobenius error of D, the expected RMS error of predicted inlets over the
     same random occupancies, and the nodes whose power varied too little to

@@ -151,7 +151,9 @@ def _calibrate_parser(group: Any) -> None:
         "{row} {rack} {slot} {index}; default /hall/row{row}/rack{rack}/node{slot}/<quantity>",
     )
     p.add_argument(
-        "--step", help="alignment grid step (e.g. 10s; default: median sampling interval)"
+        "--step",
+        help="average every sensor over windows of this length (e.g. 2m, several times the "
+        "hall's thermal time constant); default: the readings' own instants",
     )
     p.add_argument(
         "--fit-supply", action="store_true", help="fit each node's supply temperature too"

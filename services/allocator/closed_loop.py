@@ -131,7 +131,6 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         ),
         "expected": standard_errors(samples, fit, hall, args.fit_supply),
     }
-
     if args.known_d:
         doc["known"] = compare(d_full, load_matrix(args.known_d), hall)
     fitted = hall.replace(d_matrix=d_full, name=f"{hall.name}-fitted")

@@ -98,11 +98,13 @@ def test_align_takes_shared_instants_once_each() -> None:
     out = align(power, inlet)
     assert out.times_ns.tolist() == late.tolist()
     np.testing.assert_array_equal(out.powers_w[:, 0], np.arange(len(late)))
-    # A grid with the same step repeats the reading before a one-step gap (at 750 and
-    # 2750 ms) and drops the instant two steps after one (1000 ms).
-    grid = align(power, inlet, step_ns=250 * ms)
-    assert len(grid.times_ns) == len(late) + 2
-    assert len(np.unique(grid.powers_w[:, 0])) == len(late)
+    # With a step, every series' mean over each window: 0-1 s holds readings 0-2 (the
+    # pusher skipped 750 and 1000 ms), 1-2 s readings 3-5, 2-3 s 6-8 (2750 ms skipped), ...
+    means = align(power, inlet, step_ns=1000 * ms)
+    assert means.times_ns.tolist() == [0, 1000 * ms, 2000 * ms, 3000 * ms, 4000 * ms]
+    np.testing.assert_allclose(means.powers_w[:, 0], [1.0, 4.0, 7.0, 10.5, 14.5])
+    np.testing.assert_allclose(means.inlet_c[:, 0], 2 * means.powers_w[:, 0])
+    np.testing.assert_array_equal(means.inlet_c[:, 1], 1.0)
 
 
 def test_standard_errors_estimate_the_error_without_the_true_d() -> None:

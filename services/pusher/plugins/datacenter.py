@@ -103,7 +103,7 @@ class Placement:
         return cls(hall.powers_w(busy), present, busy, [None] * hall.n_nodes)
 
 
-def placement_powers(hall: Hall, doc: Any) -> Placement:
+def parse_placement(hall: Hall, doc: Any) -> Placement:
     """Node powers, presence, busy flags and jobs from the allocator's ``/api/v1/hall`` document."""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise KelvinError("allocator hall document has no 'nodes' list")
@@ -155,7 +155,7 @@ class HallGroup(Group):
             r = await p.client.get(p.url)
             if r.status_code != 200:
                 raise KelvinError(f"{p.url} answered HTTP {r.status_code}")
-            p.placement = placement_powers(p.hall, r.json())
+            p.placement = parse_placement(p.hall, r.json())
             p.notes[:] = [n for n in p.notes if not n.startswith("allocator")]
         except Exception as exc:  # any failure: keep the last placement, count it
             reason = "hall_mismatch" if "simulates" in str(exc) else "allocator_unreachable"
