@@ -70,12 +70,12 @@ def test_calibration_recovers_the_halls_d_from_the_default_demo(
                 break
             time.sleep(1.0)  # readings accumulate at 4 per second; nothing to await
         # The allocator's totals are stored too (what the console charts over time).
-        cooling = client.get(
+        raised = client.get(
             f"{query}/api/v1/readings",
             params={"sensor": "/kelvin/allocator/raised_supply_c", "start": str(start_ns)},
         )
-        assert cooling.status_code == 200 and cooling.json()["count"] >= 1
-        assert cooling.json()["unit"] == "°C"
+        assert raised.status_code == 200 and raised.json()["count"] >= 1
+        assert raised.json()["unit"] == "°C"
     known = tmp_path / "reference.D.txt"
     np.savetxt(known, reference_hall().d_matrix)
     out = subprocess.run(
