@@ -72,7 +72,7 @@ def test_calibration_recovers_the_halls_d_from_the_default_demo(
         # The allocator's totals are stored too (what the console charts over time).
         raised = client.get(
             f"{query}/api/v1/readings",
-            params={"sensor": "/kelvin/allocator/raised_supply_c", "start": str(start_ns)},
+            params={"sensor": "/kelvin/allocator/supply_c", "start": str(start_ns)},
         )
         assert raised.status_code == 200 and raised.json()["count"] >= 1
         assert raised.json()["unit"] == "°C"

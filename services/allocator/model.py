@@ -75,19 +75,13 @@ class Thermal:
     def hall_totals(self) -> dict[str, float]:
         """The totals of ``GET /api/v1/hall``, next to every node's ``predicted_tin_c``.
 
-        ``supply_c`` is the supply those inlets (and ``max_tin_c``) are computed
-        at, the hall's CRAC supply; ``raised_supply_c`` is Tsup' = Tsup + Tred -
-        max Tin, the supply the slack to the redline allows, at which ``cop``
-        and ``cooling_kw`` are computed (below ``supply_c`` when the peak inlet
-        is above the redline).
+        ``supply_c`` is Tsup' = Tsup + Tred - max Tin, the raised supply the
+        slack to the redline allows, at which ``cop`` and ``cooling_kw`` are
+        computed, as in every decision; ``base_supply_c`` is the CRAC supply the
+        inlets (and ``max_tin_c``) are computed at (``supply_c`` is below it
+        when the peak inlet is above the redline).
         """
-        totals = self.totals()
-        return {
-            "max_tin_c": self.max_tin_c,
-            "supply_c": self.base_supply_c,
-            "raised_supply_c": self.supply_c,
-            **{k: v for k, v in totals.items() if k not in ("max_tin_c", "supply_c")},
-        }
+        return {**self.totals(), "base_supply_c": self.base_supply_c}
 
 
 class HallModel:

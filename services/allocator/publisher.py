@@ -33,7 +33,7 @@ _rlog = RateLimitedLog(log, period_s=30)
 UNITS = {
     "max_tin_c": "°C",
     "supply_c": "°C",
-    "raised_supply_c": "°C",
+    "base_supply_c": "°C",
     "cop": "",
     "computing_kw": "kW",
     "cooling_kw": "kW",

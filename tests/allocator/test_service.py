@@ -108,17 +108,17 @@ async def test_place_queue_release_and_the_hall_view(service: Running) -> None:
     assert sum(n["busy"] for n in hall["nodes"]) == 30
     assert all(n["job"] == first["id"] for n in hall["nodes"] if n["busy"])
     totals = hall["totals"]
-    for key in ("max_tin_c", "supply_c", "raised_supply_c", "cop", "computing_kw", "cooling_kw"):
+    for key in ("max_tin_c", "supply_c", "base_supply_c", "cop", "computing_kw", "cooling_kw"):
         assert isinstance(totals[key], float)
     assert totals["max_tin_c"] == pytest.approx(max(n["predicted_tin_c"] for n in hall["nodes"]))
-    # supply_c is the supply the nodes' inlets are computed at: Tin = supply + D·P ...
+    # base_supply_c is the supply the nodes' inlets are computed at: Tin = supply + D·P ...
     ref = reference_hall()
     powers = np.array([n["power_w"] for n in hall["nodes"]])
     tin = np.array([n["predicted_tin_c"] for n in hall["nodes"]])
-    np.testing.assert_allclose(tin, totals["supply_c"] + ref.d_matrix @ powers, rtol=1e-9)
-    # ... raised_supply_c the supply the slack to the redline allows, CoP and cooling at it.
-    raised = totals["supply_c"] + ref.redline_c - totals["max_tin_c"]
-    assert totals["raised_supply_c"] == pytest.approx(raised)
+    np.testing.assert_allclose(tin, totals["base_supply_c"] + ref.d_matrix @ powers, rtol=1e-9)
+    # ... supply_c the raised supply the slack to the redline allows, CoP and cooling at it.
+    raised = totals["base_supply_c"] + ref.redline_c - totals["max_tin_c"]
+    assert totals["supply_c"] == pytest.approx(raised)
     assert totals["cop"] == pytest.approx(ref.cop(raised))
     assert totals["cooling_kw"] == pytest.approx(totals["computing_kw"] / totals["cop"])
     assert await service.metric("kelvin_allocator_max_inlet_celsius") == pytest.approx(
@@ -223,12 +223,12 @@ async def test_decisions_are_published_as_sensors(
                         break
         assert got_batch["/kelvin/allocator/max_tin_c"] == pytest.approx(totals["max_tin_c"])
         assert got_batch["/kelvin/allocator/cooling_kw"] == pytest.approx(totals["cooling_kw"])
-        raised = got_batch["/kelvin/allocator/raised_supply_c"]
-        assert raised == pytest.approx(totals["raised_supply_c"])
+        raised = got_batch["/kelvin/allocator/supply_c"]
+        assert raised == pytest.approx(totals["supply_c"])
         # Temperatures carry the unit the pushers use (pint reads it as degree Celsius).
         units = {m.name: m.unit for m in running.svc.core.publisher.metadata}
         assert units["/kelvin/allocator/max_tin_c"] == "°C"
-        assert units["/kelvin/allocator/raised_supply_c"] == "°C"
+        assert units["/kelvin/allocator/supply_c"] == "°C"
         assert units["/hall/row0/rack0/node0/predicted_inlet_temp"] == "°C"
         assert got_job["jobid"] == r.json()["id"] and got_job["endtime"] == 0
         assert got_job["nodes"][0] == "/hall/row0/rack0/node0"

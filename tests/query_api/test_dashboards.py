@@ -75,7 +75,7 @@ async def hall(tmp_path: Path) -> AsyncIterator[Api]:
             "/hall/cooling_power": (450.0, "W"),
             "/hall/supply_temp": (18.0, "degC"),
         }
-        for q, v, u in [("max_tin_c", 25.0, "°C"), ("raised_supply_c", 18.0, "°C"), ("cop", 4.0, ""),
+        for q, v, u in [("max_tin_c", 25.0, "°C"), ("supply_c", 18.0, "°C"), ("cop", 4.0, ""),
                         ("computing_kw", 1.8, "kW"), ("cooling_kw", 0.45, "kW"), ("utilization", 0.5, "")]:  # fmt: skip
             sensors[f"/kelvin/allocator/{q}"] = (v, u)
         for name, (v, unit) in sensors.items():
