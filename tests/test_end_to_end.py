@@ -8,69 +8,28 @@ this module share one `kelvin up` and run in file order; the last one stops it.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.servers import free_port, port_is_free, require_binary, wait_port
+from tests.support.kelvin import KelvinUp
+from tests.support.servers import port_is_free, require_binary
 
 pytestmark = pytest.mark.slow
 
 
-@dataclass
-class Up:
-    proc: subprocess.Popen[bytes]
-    ports: dict[str, int]
-    log: Path
-
-    @property
-    def query(self) -> str:
-        return f"http://127.0.0.1:{self.ports['query_api']}"
-
-    @property
-    def agent(self) -> str:
-        return f"http://127.0.0.1:{self.ports['collect_agent']}"
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise
-        return int(self.proc.returncode)
-
-
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    data = tmp_path_factory.mktemp("kelvin-up")
-    ports = {k: free_port() for k in ("mqtt", "collect_agent", "pusher", "query_api", "allocator")}
-    log = data / "kelvin.log"
-    cmd = [
-        sys.executable, "-m", "services.cli", "up", "--data-dir", str(data),
-        "--mqtt-port", str(ports["mqtt"]), "--collect-agent-port", str(ports["collect_agent"]),
-        "--pusher-port", str(ports["pusher"]), "--query-api-port", str(ports["query_api"]),
-        "--allocator-port", str(ports["allocator"]),
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=data)
-    handle = Up(proc, ports, log)
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KelvinUp]:
+    handle = KelvinUp(tmp_path_factory.mktemp("kelvin-up")).start()
     try:
-        wait_port(ports["query_api"], timeout=30, proc=proc)
         yield handle
     finally:
-        handle.stop()
-        if proc.returncode not in (0, None):
-            print(log.read_text()[-5000:])
+        if handle.stop() != 0:
+            print(handle.tail())
 
 
 def _walk(client: httpx.Client, base: str, prefix: str, want: str, depth: int = 0) -> str | None:
@@ -95,28 +54,30 @@ def _readings(client: httpx.Client, base: str, sensor: str, **params: str) -> di
     return r.json()  # type: ignore[no-any-return]
 
 
-def test_tester_and_procfs_readings_arrive_within_10_s(up: Up) -> None:
+def test_tester_and_procfs_readings_arrive_within_10_s(up: KelvinUp) -> None:
     deadline = time.monotonic() + 10.0
     counts: dict[str, int] = {}
     with httpx.Client(timeout=5) as client:
         while time.monotonic() < deadline:
             for plugin in ("tester", "procfs"):
-                sensor = _walk(client, up.query, "/", plugin)
+                sensor = _walk(client, up.url("query_api"), "/", plugin)
                 if sensor:
-                    counts[plugin] = _readings(client, up.query, sensor, start="now-1m")["count"]
+                    counts[plugin] = _readings(client, up.url("query_api"), sensor, start="now-1m")[
+                        "count"
+                    ]
             if all(counts.get(p, 0) >= 5 for p in ("tester", "procfs")):
                 break
             time.sleep(0.25)
-    assert counts.get("tester", 0) >= 5, (counts, up.log.read_text()[-3000:])
-    assert counts.get("procfs", 0) >= 5, (counts, up.log.read_text()[-3000:])
+    assert counts.get("tester", 0) >= 5, (counts, up.tail(3000))
+    assert counts.get("procfs", 0) >= 5, (counts, up.tail(3000))
 
 
-def test_csv_has_dcdb_header(up: Up) -> None:
+def test_csv_has_dcdb_header(up: KelvinUp) -> None:
     with httpx.Client(timeout=5) as client:
-        sensor = _walk(client, up.query, "/", "tester")
+        sensor = _walk(client, up.url("query_api"), "/", "tester")
         assert sensor
         r = client.get(
-            f"{up.query}/api/v1/readings",
+            f"{up.url('query_api')}/api/v1/readings",
             params={"sensor": sensor, "start": "now-1m", "format": "csv"},
         )
     lines = r.text.strip().splitlines()
@@ -124,7 +85,7 @@ def test_csv_has_dcdb_header(up: Up) -> None:
     assert lines[1].startswith(f"{sensor},")
 
 
-def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: Up, tmp_path: Path) -> None:
+def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: KelvinUp, tmp_path: Path) -> None:
     mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
     value, ts = -1234567890123, 1_764_500_000_123_456_789
     payload = tmp_path / "record.bin"
@@ -138,7 +99,7 @@ def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: Up, tmp_path: Path) -
     with httpx.Client(timeout=5) as client:
         while True:
             r = client.get(
-                f"{up.query}/api/v1/readings",
+                f"{up.url('query_api')}/api/v1/readings",
                 params={
                     "sensor": "/e2e/probe/value",
                     "start": str(ts - 1000),
@@ -154,9 +115,11 @@ def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: Up, tmp_path: Path) -
     assert body["values"] == [float(value)]
 
 
-def test_unknown_sensor_is_404_with_json_error(up: Up) -> None:
+def test_unknown_sensor_is_404_with_json_error(up: KelvinUp) -> None:
     with httpx.Client(timeout=5) as client:
-        r = client.get(f"{up.query}/api/v1/readings", params={"sensor": "/no/such/sensor"})
+        r = client.get(
+            f"{up.url('query_api')}/api/v1/readings", params={"sensor": "/no/such/sensor"}
+        )
     assert r.status_code == 404
     body = r.json()
     assert body["error"] == "not_found" and "/no/such/sensor" in body["detail"]
@@ -170,19 +133,22 @@ def _rejected(client: httpx.Client, base: str, reason: str) -> float:
     return total
 
 
-def test_malformed_payload_is_counted_and_service_keeps_serving(up: Up) -> None:
+def test_malformed_payload_is_counted_and_service_keeps_serving(up: KelvinUp) -> None:
     mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
     with httpx.Client(timeout=5) as client:
-        before = _rejected(client, up.agent, "bad_length")
+        before = _rejected(client, up.url("collect_agent"), "bad_length")
         subprocess.run(
             [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "0",
              "-t", "/e2e/bad/value", "-m", "12345"],
             check=True, timeout=20,
         )  # fmt: skip
         deadline = time.monotonic() + 10
-        while _rejected(client, up.agent, "bad_length") <= before and time.monotonic() < deadline:
+        while (
+            _rejected(client, up.url("collect_agent"), "bad_length") <= before
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
-        assert _rejected(client, up.agent, "bad_length") == before + 1
+        assert _rejected(client, up.url("collect_agent"), "bad_length") == before + 1
         # Still serving: a good reading after the bad one is stored.
         subprocess.run(
             [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
@@ -192,17 +158,17 @@ def test_malformed_payload_is_counted_and_service_keeps_serving(up: Up) -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             r = client.get(
-                f"{up.query}/api/v1/readings",
+                f"{up.url('query_api')}/api/v1/readings",
                 params={"sensor": "/e2e/good/value", "start": "now-1m"},
             )
             if r.status_code == 200 and r.json()["count"]:
                 break
             time.sleep(0.1)
         assert r.status_code == 200 and r.json()["values"] == [7.25]
-        assert client.get(f"{up.agent}/healthz").status_code == 200
+        assert client.get(f"{up.url('collect_agent')}/healthz").status_code == 200
 
 
-def test_every_service_serves_health_and_metrics(up: Up) -> None:
+def test_every_service_serves_health_and_metrics(up: KelvinUp) -> None:
     with httpx.Client(timeout=5) as client:
         for key, prefix in [
             ("collect_agent", "kelvin_collect_agent_"),
@@ -220,9 +186,9 @@ def test_every_service_serves_health_and_metrics(up: Up) -> None:
         )
 
 
-def test_sigterm_flushes_exits_0_and_frees_every_port(up: Up) -> None:
-    assert up.stop() == 0, up.log.read_text()[-3000:]
+def test_sigterm_flushes_exits_0_and_frees_every_port(up: KelvinUp) -> None:
+    assert up.stop() == 0, up.tail(3000)
     busy = [name for name, port in up.ports.items() if not port_is_free(port)]
     assert not busy, f"still listening after exit: {busy}"
     if os.environ.get("KELVIN_E2E_SHOW_LOG"):
-        print(up.log.read_text())
+        print(up.output())
