@@ -16,6 +16,7 @@ Formats (see ``docs/wire-format.md``):
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -286,28 +287,37 @@ def epoch_to_ns(value: Any) -> int:
     """An epoch in s, ms, µs or ns (guessed by magnitude, as DCDB does) to ns."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise PayloadError(f"timestamp {value!r} is not a number", "bad_timestamp")
-    try:
-        v = (
-            float(value)
-            if isinstance(value, str) and not value.strip().lstrip("-").isdigit()
-            else int(value)
-        )
-    except ValueError as exc:
-        raise PayloadError(f"timestamp {value!r} is not a number", "bad_timestamp") from exc
+    v: int | float
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            v = int(text) if text.lstrip("-").isdecimal() else float(text)
+        except ValueError as exc:
+            raise PayloadError(f"timestamp {value!r} is not a number", "bad_timestamp") from exc
+    else:
+        v = value  # a float keeps its fraction: 1764500000.25 s is a quarter second later
     if v != v or v < 0:
         raise PayloadError(f"timestamp {value!r} must be a non-negative epoch", "bad_timestamp")
     mag = abs(v)
     if mag < 1e11:  # seconds (up to year 5138; int64 ns end in 2262)
-        ns = round(v * 1_000_000_000)
+        ns = _times(v, 1_000_000_000)
     elif mag < 1e14:
-        ns = round(v * 1_000_000)
+        ns = _times(v, 1_000_000)
     elif mag < 1e17:
-        ns = round(v * 1_000)
+        ns = _times(v, 1_000)
     else:
         ns = int(v)
     if ns >= 2**63:
         raise PayloadError(f"timestamp {value!r} beyond int64 nanoseconds", "bad_timestamp")
     return ns
+
+
+def _times(v: int | float, unit_ns: int) -> int:
+    if isinstance(v, int):
+        return v * unit_ns
+    # Whole and fraction apart: v * 1e9 in float64 would be off by up to 128 ns.
+    whole = math.floor(v)
+    return whole * unit_ns + round((v - whole) * unit_ns)
 
 
 # --------------------------------------------------------------------------- control topics

@@ -120,6 +120,13 @@ def test_json_forms_and_epoch_units() -> None:
         assert list(zip(ts.tolist(), vs.tolist(), strict=True)) == want
 
 
+def test_json_fractional_epochs_keep_their_fraction() -> None:
+    doc = [{"ts": 1764500000.25, "value": 1}, {"ts": "1764500000.75", "value": 2},
+           {"ts": 1764500000000.5, "value": 3}]  # fmt: skip
+    ts, _ = codec.decode_json(json.dumps(doc).encode(), NOW)
+    assert ts.tolist() == [TS0 + 250_000_000, TS0 + 750_000_000, TS0 + 500_000]
+
+
 @pytest.mark.parametrize("payload", [b"{nope}", b"[]", b'{"ts": 1}', b'{"value": true}', b'[{"value": "x"}]',
                                      b'{"value": 1, "ts": -5}', b'{"value": 1, "ts": "soon"}'])  # fmt: skip
 def test_json_rejects(payload: bytes) -> None:
