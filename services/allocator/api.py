@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.allocator.jobs import MAX_RUNTIME_S
 from services.allocator.policies import REGISTRY
 from services.allocator.runtime import AllocatorCore
 from services.common.auth import bearer
@@ -21,7 +22,9 @@ class JobIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     size: int = Field(ge=1, description="nodes")
-    runtime_s: float | None = Field(None, gt=0, description="ends by itself after this long")
+    runtime_s: float | None = Field(
+        None, gt=0, le=MAX_RUNTIME_S, description="ends by itself after this many seconds"
+    )
     comm_share: float = Field(0.0, ge=0, le=1, description="communication share C")
     stretch: bool = Field(False, description="stretch runtime_s by (1-C) + C*Lf")
     name: str | None = Field(None, max_length=200)

@@ -22,6 +22,8 @@ from services.allocator.state import HallState
 from services.common.errors import NotFoundError
 
 NS = 1_000_000_000
+MAX_RUNTIME_S = 1e9
+"""Longest runtime a job may ask for (~31 years); past ~1e299 s its end in ns is not finite."""
 
 
 @dataclass
@@ -104,6 +106,8 @@ class JobBook:
             raise ValueError(
                 f"size {size}: expected 1..{present} (nodes in hall {self.model.hall.name!r})"
             )
+        if runtime_s is not None and not 0 < runtime_s <= MAX_RUNTIME_S:
+            raise ValueError(f"runtime_s {runtime_s}: expected seconds in (0, {MAX_RUNTIME_S:g}]")
         job = Job(f"j{self.next_id}", size, comm_share, now_ns, runtime_s, stretch, name)
         self.next_id += 1
         self.jobs[job.id] = job

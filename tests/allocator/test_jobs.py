@@ -63,6 +63,9 @@ def test_cancel_errors() -> None:
         book.cancel(job.id, 2)
     with pytest.raises(ValueError, match=r"expected 1\.\.40"):
         book.submit(41, 0)
+    with pytest.raises(ValueError, match=r"runtime_s inf: expected seconds"):
+        book.submit(1, 0, runtime_s=float("inf"))
+    assert not book.running() and not book.queue
 
 
 def test_a_job_that_can_never_meet_the_mttf_bound_is_rejected() -> None:

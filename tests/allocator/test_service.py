@@ -282,8 +282,16 @@ async def test_bad_requests_are_precise_and_counted(service: Running) -> None:
     assert "body.size" in detail and "body.comm_share" in detail
     r = await service.http.post("/api/v1/jobs", json={"size": 2, "colour": "red"})
     assert r.status_code == 422 and "colour" in r.json()["detail"]
+    # A runtime whose end is no finite time (JSON's Infinity, 1e300 s) is refused up front.
+    for runtime in (b"Infinity", b"1e300"):
+        r = await service.http.post(
+            "/api/v1/jobs",
+            content=b'{"size": 1, "runtime_s": ' + runtime + b"}",
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 422 and "body.runtime_s" in r.json()["detail"]
     assert (
-        await service.metric('kelvin_allocator_rejected_requests_total{reason="validation"}') == 2
+        await service.metric('kelvin_allocator_rejected_requests_total{reason="validation"}') == 4
     )
     dry = await service.http.post("/api/v1/jobs", params={"dry_run": "true"}, json={"size": 3})
     assert dry.status_code == 200 and dry.json()["decision"]["placed"]
