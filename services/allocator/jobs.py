@@ -159,11 +159,15 @@ class JobBook:
         return job
 
     def expire(self, now_ns: int) -> list[Job]:
-        """Finish every running job whose time is up, then start what can start."""
+        """Finish every running job whose time is up, then start what can start.
+
+        A job ends at its ``ends_ns`` (also when the service was down then), not
+        when this runs: its record and the job data published say when it ended.
+        """
         done = [j for j in self.running() if j.ends_ns is not None and j.ends_ns <= now_ns]
         for job in sorted(done, key=lambda j: (j.ends_ns or 0, j.id)):
             self.state.release(job.id)
-            self._close(job, "finished", now_ns)
+            self._close(job, "finished", job.ends_ns or now_ns)
         if done:
             self.start_queued(now_ns)
         return done

@@ -48,6 +48,7 @@ def test_restore_takes_nodes_back_and_finishes_what_ended_meanwhile() -> None:
     again = _book()
     again.restore(doc, now_ns=20 * NS)
     assert again.get(short.id).state == "finished"
+    assert again.get(short.id).finished_ns == 10 * NS  # when it ended, not when we came back
     assert again.get(long.id).nodes == long.nodes and again.get(long.id).state == "running"
     assert again.get(waiting.id).state == "running"  # the short job's nodes came free
     assert again.next_id == book.next_id
