@@ -27,7 +27,7 @@ from services.allocator.calibrate import (
 from services.allocator.settings import Settings
 from services.common.errors import ConfigError, KelvinError, NotFoundError
 from services.common.settings import Config
-from services.common.thermal import Hall, load_matrix, node_sensor, reference_hall
+from services.common.thermal import Float64Array, Hall, load_matrix, node_sensor, reference_hall
 from services.common.times import parse_duration_ns, parse_time
 
 QUANTITIES = ("power", "inlet_temp")
@@ -105,6 +105,7 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         hall = reference_hall()
     mapping = _read_map(args.sensor_map) if args.sensor_map else settings.sensor_map
     names = sensor_names(hall, mapping)
+    known = _known_d(args.known_d, hall) if args.known_d else None
     start, end = parse_time(args.start), parse_time(args.end)
     if end <= start:
         raise ConfigError(f"--end {args.end} must be after --start {args.start}")
@@ -131,8 +132,8 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         ),
         "expected": standard_errors(samples, fit, hall, args.fit_supply),
     }
-    if args.known_d:
-        doc["known"] = compare(d_full, load_matrix(args.known_d), hall)
+    if known is not None:
+        doc["known"] = compare(d_full, known, hall)
     fitted = hall.replace(d_matrix=d_full, name=f"{hall.name}-fitted")
     if args.out:
         from services.common.halls.hallfile import save_hall
@@ -161,6 +162,18 @@ def apply_model(
     if r.status_code != 200:
         raise KelvinError(f"allocator refused the model ({r.status_code}): {r.text[:300]}")
     return url
+
+
+def _known_d(path: Path, hall: Hall) -> Float64Array:
+    """The ``--known-d`` matrix, checked against the hall before any data is fetched."""
+    d = load_matrix(path)
+    n = hall.n_nodes
+    if d.shape != (n, n):
+        raise ConfigError(
+            f"--known-d {path}: matrix is {d.shape[0]}x{d.shape[1]}, expected {n}x{n} "
+            f"(hall {hall.name!r})"
+        )
+    return d
 
 
 def _read_map(path: Path) -> dict[str, Any]:

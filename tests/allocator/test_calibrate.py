@@ -231,6 +231,19 @@ def test_calibrate_names_an_unreachable_query_api(capsys: pytest.CaptureFixture[
     assert f"cannot reach the query API at {url}" in capsys.readouterr().err
 
 
+def test_calibrate_checks_the_known_d_against_the_hall_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --known-d of the wrong size is named before any reading is fetched (none could be)."""
+    small = tmp_path / "small.D.txt"
+    np.savetxt(small, np.zeros((20, 20)))
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = ["allocator", "calibrate", "--start", "now-1h", "--end", "now", "--url", url]
+    rc = kelvin([*argv, "--known-d", str(small)])
+    assert rc == 2
+    assert f"--known-d {small}: matrix is 20x20, expected 40x40" in capsys.readouterr().err
+
+
 def test_sensor_map_templates_and_lists() -> None:
     hall = reference_hall()
     names = sensor_names(hall, {"power": "/dc/r{row}/k{rack}/n{slot}/watts"})
