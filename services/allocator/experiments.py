@@ -16,6 +16,7 @@ phase (3500 W computing, 2700 W communicating) and stretch runtimes by Lf.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,8 +92,12 @@ def dynamic(hall: Hall, p: DynamicParams) -> Experiment:
     rlo, rhi = p.runtime_min
     if not 0 < rlo <= rhi:
         raise ConfigError(f"--runtime-min {rlo}-{rhi}: expected 0 < low <= high")
-    if p.arrival_rate_per_h <= 0 or not 0 <= p.comm_share <= 1:
-        raise ConfigError("--arrival-rate must be > 0 and --comm-share within [0, 1]")
+    if not 0 < p.arrival_rate_per_h < math.inf:
+        raise ConfigError(f"--arrival-rate must be finite and > 0, got {p.arrival_rate_per_h}")
+    if not 0 <= p.comm_share <= 1:
+        raise ConfigError(f"--comm-share must be within [0, 1], got {p.comm_share}")
+    if not p.hours < math.inf:
+        raise ConfigError(f"--hours must be finite, got {p.hours}")
     if not 0 <= p.warmup_hours < p.hours:
         raise ConfigError("--warmup-hours must be >= 0 and below --hours")
     rng = np.random.default_rng(p.seed)

@@ -138,3 +138,13 @@ def test_cli_rejects_bad_ranges(capsys: pytest.CaptureFixture[str]) -> None:
     rc = kelvin(["allocator", "simulate", "--experiment", "dynamic", "--sizes", "9-2"])
     assert rc == 2
     assert "--sizes 9-2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--arrival-rate", "inf"), ("--hours", "inf")])
+def test_cli_refuses_an_endless_job_stream(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unbounded arrivals or time would draw jobs forever: refused before drawing any."""
+    rc = kelvin(["allocator", "simulate", "--experiment", "dynamic", flag, value])
+    assert rc == 2
+    assert f"{flag} must be finite" in capsys.readouterr().err
