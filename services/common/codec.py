@@ -298,6 +298,8 @@ def epoch_to_ns(value: Any) -> int:
         v = value  # a float keeps its fraction: 1764500000.25 s is a quarter second later
     if v != v or v < 0:
         raise PayloadError(f"timestamp {value!r} must be a non-negative epoch", "bad_timestamp")
+    if isinstance(v, float) and math.isinf(v):
+        raise PayloadError(f"timestamp {value!r} is not a finite number", "bad_timestamp")
     mag = abs(v)
     if mag < 1e11:  # seconds (up to year 5138; int64 ns end in 2262)
         ns = _times(v, 1_000_000_000)

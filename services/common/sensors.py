@@ -22,6 +22,15 @@ def _to_bool(v: Any) -> Any:
     return v
 
 
+def _to_int(v: Any) -> int:
+    # pydantic turns only ValueError into a validation error: int() of infinity
+    # (OverflowError) or of a list (TypeError) must not escape a decoder.
+    try:
+        return int(v)
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"expected an integer, got {v!r}") from exc
+
+
 class SensorMetadata(BaseModel):
     """What is known about a sensor beyond its readings.
 
@@ -74,9 +83,9 @@ class SensorMetadata(BaseModel):
     def _ints(cls, v: Any) -> Any:
         if isinstance(v, str):
             v = v.strip()
-            return None if v == "" else int(float(v))
+            return None if v == "" else _to_int(float(v))
         if isinstance(v, float):
-            return int(v)
+            return _to_int(v)
         return v
 
     @field_validator("scale", mode="before")
@@ -99,8 +108,12 @@ class JobRecord(BaseModel):
     job_id: str = Field(validation_alias=AliasChoices("job_id", "jobid", "jobId"))
     domain_id: str = Field("default", validation_alias=AliasChoices("domain_id", "domainid"))
     user_id: str = Field("", validation_alias=AliasChoices("user_id", "userid", "userId"))
-    start_ns: int = Field(validation_alias=AliasChoices("start_ns", "starttime", "startTime"))
-    end_ns: int | None = Field(None, validation_alias=AliasChoices("end_ns", "endtime", "endTime"))
+    start_ns: int = Field(
+        ge=0, lt=2**63, validation_alias=AliasChoices("start_ns", "starttime", "startTime")
+    )
+    end_ns: int | None = Field(
+        None, ge=0, lt=2**63, validation_alias=AliasChoices("end_ns", "endtime", "endTime")
+    )
     """None while the job runs."""
     nodes: tuple[str, ...] = ()
 
@@ -115,7 +128,7 @@ class JobRecord(BaseModel):
         # DCDB: endtime 0 or odd marks a job start (still running).
         if v is None:
             return None
-        iv = int(v)
+        iv = _to_int(v)
         return None if iv == 0 or iv % 2 == 1 else iv
 
     @property

@@ -96,3 +96,19 @@ async def test_reconnects_and_resubscribes_after_broker_restart(
         assert agent.subscriber.info()["connected"] is True
     finally:
         broker.stop()
+
+
+async def test_a_poison_message_is_rejected_and_the_subscription_goes_on(
+    make_agent: AgentFactory, mosquitto_broker: Mosquitto
+) -> None:
+    agent = await subscribed(make_agent, mosquitto_broker, "agent-p")
+    async with aiomqtt.Client("127.0.0.1", mosquitto_broker.port) as pub:
+        await pub.publish("/p/x", b'{"value": 1, "ts": 1e400}', qos=1)
+        await pub.publish("/DCDB_JOBDATA/", b'{"jobid": 1, "starttime": 5, "endtime": [1]}', qos=1)
+        await pub.publish("/p/x", codec.encode_dcdb([7], [TS0]), qos=1)
+    await agent.ingestor.wait_spooled(1)
+    await agent.spool.wait_empty()
+    assert agent.storage is not None and agent.subscriber is not None
+    assert (await agent.storage.read("/p/x", 0, 2**62)).values.tolist() == [7.0]
+    assert agent.ingestor.rejected == {"bad_timestamp": 1, "bad_job": 1}
+    assert agent.subscriber.connected

@@ -191,7 +191,7 @@ _payloads = st.one_of(
     st.integers(0, 12).map(lambda n: codec.encode_dcdb(list(range(n)), [TS0 + i for i in range(n)])),
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["ts", "value", "scale", "jobid", "starttime", "nodes", "x"]), c, max_size=4),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["ts", "value", "scale", "ttl", "interval", "jobid", "starttime", "endtime", "nodes", "x"]), c, max_size=4),
         max_leaves=8,
     ).map(lambda d: json.dumps(d).encode()),
 )  # fmt: skip
@@ -266,6 +266,25 @@ def test_fuzz_dcdb_round_trip(values: list[int], base: int) -> None:
 def test_json_out_of_range_numbers_are_rejected(payload: bytes, reason: str) -> None:
     with pytest.raises(PayloadError) as exc:
         codec.decode_json(payload, NOW)
+    assert exc.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "reason"),
+    [("/j/x", b'{"value": 1, "ts": 1e400}', "bad_timestamp"),
+     ("/j/x", b'{"value": 1, "ts": "Infinity"}', "bad_timestamp"),
+     ("/DCDB_MAP/METADATA//j/x", b'{"ttl": "inf"}', "bad_metadata"),
+     ("/DCDB_MAP/METADATA//j/x", b'{"interval": 1e400}', "bad_metadata"),
+     ("/DCDB_JOBDATA/", b'{"jobid": 1, "starttime": 5, "endtime": [1]}', "bad_job"),
+     ("/DCDB_JOBDATA/", b'{"jobid": 1, "starttime": 5, "endtime": 1e400}', "bad_job"),
+     ("/DCDB_JOBDATA/", b'{"jobid": 1, "starttime": 9223372036854775808}', "bad_job"),
+     ("/DCDB_JOBDATA/", b'{"jobid": 1, "starttime": 5, "endtime": -4}', "bad_job")],
+)  # fmt: skip
+def test_infinite_and_out_of_range_numbers_are_payload_errors(
+    topic: str, payload: bytes, reason: str
+) -> None:
+    with pytest.raises(PayloadError) as exc:
+        codec.decode_publish(topic, payload, NOW)
     assert exc.value.reason == reason
 
 
