@@ -197,6 +197,9 @@ class Ingestor:
         except PayloadError as exc:
             self.reject(g, exc.reason, f"{name}: {exc}")
             return RC_TOPIC_INVALID if exc.reason == "bad_topic" else RC_PAYLOAD_INVALID
+        except Exception as exc:  # a decoder bug must not close connections or kill the subscriber
+            self.reject(g, "decoder_error", f"{name}: {type(exc).__name__}: {exc}")
+            return RC_PAYLOAD_INVALID
         if decoded.batch is not None and len(decoded.batch):
             batch = decoded.batch
             if decoded.raw_integers:

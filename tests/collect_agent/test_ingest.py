@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from services.collect_agent import mqtt_packets as mp
 from services.collect_agent.ingest import Ingestor, cache_batch
@@ -82,6 +83,31 @@ async def test_group_commit_scales_in_arrival_order_and_acks_once_durable(tmp_pa
         ("/g/a", TS0, 12.0), ("/g/a", TS0 + 1, 6.0), ("/g/d", TS0, 7.0),
     ]  # fmt: skip
     assert ing.rejected == {"bad_length": 1, "bad_timestamp": 1}
+    await spool.close()
+
+
+async def test_an_unexpected_decoder_error_is_a_counted_reject(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ing, spool = await make(tmp_path)
+    real = codec.decode_publish
+
+    def buggy(topic: str, payload: bytes, received_ns: int) -> codec.Decoded:
+        if topic == "/u/bug":
+            raise RuntimeError("decoder bug (test)")
+        return real(topic, payload, received_ns)
+
+    monkeypatch.setattr(codec, "decode_publish", buggy)
+    sink = Sink()
+    ing.receive_mqtt(
+        sink, [pub("/u/bug", b'{"value": 1}', 1), pub("/u/ok", b'{"value": 2}', 2)], "test"
+    )
+    ing.start()
+    await ing.wait_spooled(1)
+    await ing.stop()
+    assert sink.acks == [([1, 2], [], {1: 0x99})]
+    assert ing.rejected == {"decoder_error": 1}
+    assert (await spooled(spool)).values.tolist() == [2.0]
     await spool.close()
 
 
