@@ -250,9 +250,13 @@ class Spool:
         data = b"".join(frames)
         offset = self._sizes[self._active]
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self._cut_back(offset)
+            raise
         self._sizes[self._active] = offset + len(data)
         self._disk_bytes += len(data)
         # Recorded here, on the I/O thread, so that a cleanup queued behind this
@@ -263,6 +267,21 @@ class Spool:
         else:
             self._dirty = True
         return self._active, offset
+
+    def _cut_back(self, offset: int) -> None:
+        """Remove what a failed write left after ``offset`` (disk full mid-group).
+
+        Left in place, those bytes would shift every later record away from the
+        offset the index gives it, and replay would stop at them as at a torn
+        tail, dropping the acknowledged records written after.
+        """
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, offset)
+        except OSError:
+            # Cannot cut: continue in a new segment; replay cuts this one's tail.
+            os.close(self._fd)
+            self._fd = None
 
     def _rotate(self) -> None:
         if self._fd is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -139,6 +140,38 @@ async def test_records_beyond_the_memory_budget_are_read_back_from_disk(tmp_path
     got = await drain(spool)
     assert all(same(a, b) for a, b in zip(got, written, strict=True))
     await spool.close()
+
+
+async def test_a_write_that_fails_halfway_leaves_no_bytes_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path, memory_bytes=0)  # every record is read back from disk
+    await spool.open()
+    await spool.append(items([batch(1)]))
+    real_write = os.write
+    calls = 0
+
+    def disk_full(fd: int, data: bytes) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(SpoolError, match="No space left"):
+        await spool.append(items([batch(2)]))
+    monkeypatch.setattr(os, "write", real_write)
+    await spool.append(items([batch(3)]))  # acknowledged: must survive
+    got = [await spool.load(e) for e in spool.peek(10**9)]
+    assert len(got) == 2 and same(got[0], batch(1)) and same(got[1], batch(3))
+    crash(spool)
+    replayed = Spool(tmp_path)
+    await replayed.open()
+    assert replayed.corrupt_records == 0
+    got = await drain(replayed)
+    assert len(got) == 2 and same(got[0], batch(1)) and same(got[1], batch(3))
+    await replayed.close()
 
 
 @pytest.mark.parametrize("policy", ["interval", "off"])
