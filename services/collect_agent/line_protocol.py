@@ -90,7 +90,7 @@ def _value(raw: str) -> float | None:
     """A field value as a float; None for a string field."""
     if raw.startswith('"'):
         return None
-    if raw[-1:] in ("i", "u") and raw[:-1].lstrip("-").isdigit():
+    if raw[-1:] in ("i", "u") and raw[:-1].lstrip("-").isdecimal():
         return float(int(raw[:-1]))
     if raw in _TRUE:
         return 1.0
@@ -143,7 +143,8 @@ def parse(
                     levels.append(_level(v))
             ts = received_ns
             if len(parts) == 3:
-                if not parts[2].lstrip("-").isdigit():
+                # isdecimal, not isdigit: int() refuses digits such as '²'.
+                if not parts[2].lstrip("-").isdecimal():
                     raise LineProtocolError(
                         f"timestamp {parts[2][:30]!r} is not an integer", "bad_timestamp"
                     )

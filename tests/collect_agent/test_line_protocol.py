@@ -68,11 +68,13 @@ def test_bad_lines_are_reported_and_good_ones_kept() -> None:
             "m,badtag v=1",
             'm v="unterminated',
             "m v=1 99999999999999999999",
+            "m v=1 ²",
+            "m v=²i",
             "ok w=2",
         ]
     )
     res = parse(body, "ns", NOW, {}, "/influx")
-    assert res.lines == 8
+    assert res.lines == 10
     assert [(n, r) for n, r, _ in res.errors] == [
         (2, "bad_line"),
         (3, "bad_field"),
@@ -80,6 +82,8 @@ def test_bad_lines_are_reported_and_good_ones_kept() -> None:
         (5, "bad_line"),
         (6, "bad_line"),
         (7, "bad_timestamp"),
+        (8, "bad_timestamp"),
+        (9, "bad_field"),
     ]
     assert list(res.batch.sensors) == ["/influx/ok/v", "/influx/ok/w"]
 
@@ -96,7 +100,7 @@ def test_unknown_precision_is_an_error() -> None:
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    body=st.text(alphabet=' ,=\\"\n#abcxyz0123456789.-+/iutfTFé\x00', max_size=160),
+    body=st.text(alphabet=' ,=\\"\n#abcxyz0123456789².-+/iutfTFé\x00', max_size=160),
     precision=st.sampled_from(["ns", "u", "ms", "s", "h"]),
 )
 def test_fuzz_any_body_parses_into_valid_names_or_reported_errors(
