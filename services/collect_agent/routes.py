@@ -96,7 +96,12 @@ def create_router(agent: CollectAgent) -> APIRouter:
                 status_code=503,
                 headers={"Retry-After": "5"},
             )
-        body = await _read_body(request, s.max_payload_bytes)
+        try:
+            body = await _read_body(request, s.max_payload_bytes)
+        except HTTPException as exc:
+            reason = "too_large" if exc.status_code == 413 else "bad_gzip"
+            ing.reject(None, reason, f"HTTP /write from {request.client}: {exc.detail}")
+            raise
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:

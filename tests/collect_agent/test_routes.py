@@ -81,7 +81,9 @@ async def test_partial_write_is_400_naming_the_line_and_keeps_good_lines(
     assert agent.ingestor.rejected == {"bad_field": 1, "bad_precision": 1, "bad_utf8": 1}
 
 
-async def test_oversized_body_is_413(make_agent: AgentFactory) -> None:
+async def test_oversized_body_is_413_and_a_bad_gzip_body_400_both_counted(
+    make_agent: AgentFactory,
+) -> None:
     agent = await make_agent(max_payload_bytes=2048)
     async with http(agent) as c:
         r = await c.post("/write", content="m v=1\n" * 1000)
@@ -89,6 +91,9 @@ async def test_oversized_body_is_413(make_agent: AgentFactory) -> None:
         bomb = gzip.compress(b"m v=1\n" * 10_000)
         r = await c.post("/write", content=bomb, headers={"Content-Encoding": "gzip"})
         assert r.status_code == 413
+        r = await c.post("/write", content=b"not gzip", headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 400 and "gzip" in r.json()["detail"]
+    assert agent.ingestor.rejected == {"too_large": 2, "bad_gzip": 1}
 
 
 async def test_token_guards_write_and_admin_in_every_telegraf_form(
