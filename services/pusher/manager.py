@@ -179,6 +179,8 @@ class PluginManager:
             return inst
         if inst.state == "error" and not inst.runners:
             raise KelvinError(f"plugin {name!r} is in error ({inst.error}); reload it instead")
+        if inst.tasks:  # one group died, the others still sample: restart them all once
+            await self.stop(name)
         self._start(inst)
         return inst
 
