@@ -118,7 +118,7 @@ class PluginManager:
         except ConfigError:
             await plugin.close()
             raise
-        except (KelvinError, OSError, TimeoutError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # a device library's own error or a plugin's bug
             await plugin.close()
             inst.state = "error"
             inst.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,4 +1,4 @@
-"""Plugin instances at run time: a group that dies."""
+"""Plugin instances at run time: a group that dies, a plugin whose build has a bug."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import pytest
+
 from services.common.cache import SensorCache
 from services.common.sensors import SensorMetadata
+from services.pusher import config
 from services.pusher.manager import PluginManager
 from services.pusher.metrics import PusherMetrics
-from services.pusher.plugins.base import PluginConfig, PluginContext
+from services.pusher.plugins import registry
+from services.pusher.plugins.base import Group, Plugin, PluginConfig, PluginContext
 from services.pusher.publisher import Publisher
 from services.pusher.sampling import Chunk
 
@@ -68,4 +72,26 @@ async def test_starting_an_instance_whose_group_died_runs_each_group_once() -> N
     live = [t for t in inst.tasks if not t.done()]
     assert inst.state == "running" and len(live) == 2
     assert {t.get_name() for t in live} == {f"pusher:{r.name}" for r in inst.runners}
+    await mgr.close()
+
+
+class BuggyPlugin(Plugin):
+    """A third-party plugin whose build() has a bug."""
+
+    async def build(self) -> list[Group]:
+        raise KeyError("serial")
+
+
+async def test_a_plugin_whose_build_fails_unexpectedly_is_in_error_and_others_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = registry.load
+    monkeypatch.setattr(
+        config.registry, "load", lambda name: BuggyPlugin if name == "buggy" else real(name)
+    )
+    mgr = manager()
+    bad = await mgr.load("buggy", {}, "test")
+    assert bad.state == "error" and bad.error == "KeyError: 'serial'" and not bad.runners
+    good = await mgr.load("tester", {"sensors": 1, "interval": 1}, "test")
+    assert good.state == "running"
     await mgr.close()
