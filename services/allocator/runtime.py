@@ -238,6 +238,7 @@ class AllocatorCore:
             "rows": hall.rows,
             "racks": hall.racks,
             "slots": hall.slots,
+            "redline_c": hall.redline_c,
             "policy": self.allocator.policy_name,
             "mttf_bound_years": self.allocator.min_mttf_years,
             "model": self.model_meta,

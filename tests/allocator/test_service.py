@@ -100,6 +100,7 @@ async def test_place_queue_release_and_the_hall_view(service: Running) -> None:
 
     hall = (await http.get("/api/v1/hall")).json()
     assert {"name", "rows", "racks", "slots", "nodes", "totals"} <= set(hall)
+    assert hall["redline_c"] == 30.0  # the console's colour scale ends there
     assert len(hall["nodes"]) == 40
     node = hall["nodes"][33]
     assert (node["index"], node["row"], node["rack"], node["slot"]) == (33, 1, 3, 1)

@@ -48,6 +48,13 @@ SHOWN_JS = """() => ({
     outlined: [...document.querySelectorAll('svg .job-outline')].map(e => e.dataset.job),
 })"""
 """What the floor plan shows: busy nodes with their job, and the jobs outlined."""
+SUPPLY_AND_SCALE_JS = """() => {
+    const dts = [...document.querySelectorAll('#hall-totals dt')];
+    const value = (k) => parseFloat(dts.find(d => d.textContent === k)?.nextElementSibling.textContent);
+    const base = value('Supply air'), raised = value('Supply air, raised');
+    return raised < base ? [base, document.querySelector('#hall-legend .ends span').textContent] : null;
+}"""
+"""Once the shown raised supply is below the supply: the supply and the colour scale's low end."""
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +250,11 @@ def test_hall_view_shows_the_allocators_busy_nodes(
     pg.wait_for_function(
         "() => document.querySelector('#hall-legend').textContent.includes('predicted')"
     )
+    # The scale starts at the CRAC supply the inlets are computed at, also while the peak is
+    # past the redline and the raised supply below it; nodes whose row of D is zero (8, 9,
+    # 28, 29 in the reference hall) sit exactly at that supply. Totals and legend of one paint:
+    base, low = pg.wait_for_function(SUPPLY_AND_SCALE_JS).json_value()
+    assert low == f"{base:.1f} °C"
     pg.screenshot(path=str(artifacts_dir / "console-hall-predicted.png"))
     # The model's error per node: measured minus predicted, signed.
     pg.locator("input[name=hall-colour][value=error]").check()

@@ -195,13 +195,13 @@ export class HallView {
     if (!hall) return;
     this.els.plan.classList.remove("stale-view");
     const t = hall.totals || {};
-    const redline = hall.redline_c ?? t.redline_c ?? DEFAULT_REDLINE_C;
+    const redline = hall.redline_c ?? DEFAULT_REDLINE_C;
     const temps = hall.nodes.filter((n) => n.present !== false).map((n) => this.tempOf(n)).filter((x) => x !== null);
     const errorMode = this.mode === "error";
     // Temperatures from the supply (the one the inlets are at) to the redline; model errors
     // symmetric around zero.
     const span = Math.max(1, ...temps.map(Math.abs));
-    const lo = errorMode ? -span : Math.min(t.supply_c ?? 15, ...temps);
+    const lo = errorMode ? -span : Math.min(t.base_supply_c ?? 15, ...temps);
     const hi = errorMode ? span : Math.max(redline, ...temps);
     const show = (x) => (errorMode ? `${signed(x)} °C` : `${fmt(x)} °C`);
     const now = Date.now();
