@@ -55,12 +55,11 @@ async def test_stop_start_unload_load_reload(
         broker_port=mosquitto_broker.port,
     )
     async with running(cfg) as svc, client(svc) as http:
+        sampling = list(svc.manager.get("tester").tasks)
+        assert sampling and not any(t.done() for t in sampling)
         r = await http.post("/api/v1/plugins/tester/stop")
         assert r.json()["state"] == "stopped"
-        assert (
-            all(t.done() for t in svc.manager.get("tester").tasks)
-            or not svc.manager.get("tester").tasks
-        )
+        assert all(t.done() for t in sampling) and not svc.manager.get("tester").tasks
         r = await http.post("/api/v1/plugins/tester/start")
         assert r.json()["state"] == "running"
         await collector.wait_for(lambda: "/c/tester/s0001" in collector.readings)
