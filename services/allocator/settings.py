@@ -65,7 +65,7 @@ class Settings(SectionSettings):
     mpit_exact_max_free: int = Field(600, ge=0)
     """MPIT solves exactly (bounded search, HiGHS MILP as fallback) up to this many free nodes; the greedy heuristic above."""
     mpit_time_limit_s: float = Field(1.0, gt=0)
-    """Time cap per exact-solver stage (the best answer found so far is kept at the cap)."""
+    """Time cap on MPIT's exact solver, all its steps together (at the cap: the better of its best answer so far and greedy)."""
     joint_max_centres: int = Field(16, ge=1)
     """Joint opens MC1x1 shells at no more than this many of MPIT's nodes (the most compact)."""
     sensor_prefix: str = "/kelvin/allocator"
