@@ -173,16 +173,23 @@ async def _serve(names: Sequence[str], cfg: Config) -> None:
 
 def _announce(services: Sequence[Service], cfg: Config) -> None:
     """Tell the user of ``kelvin up`` where to point the browser (stdout, once all are up)."""
-    ports = {s.name: getattr(s, "port", None) for s in services}
-    host = cfg.section("query_api").get("host") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
     what = "demo (simulated hall, seeded job stream)" if cfg.profile == "demo" else "up"
-    lines = [
-        f"kelvin {what}: every service is running.",
-        f"  {'console':<14} http://{host}:{ports.get('query-api')}/",
-    ]
-    lines += [f"  {n:<14} http://{host}:{p}/" for n, p in ports.items() if p and n != "query-api"]
+    lines = [f"kelvin {what}: every service is running."]
+    for s in sorted(services, key=lambda s: s.name != "query-api"):
+        url = _url(s)
+        if url:
+            lines.append(f"  {'console' if s.name == 'query-api' else s.name:<14} {url}")
     print("\n".join([*lines, "Stop with Ctrl-C."]), flush=True)
+
+
+def _url(svc: Service) -> str | None:
+    """Where a service answers: the address its HTTP server bound (a wildcard as loopback)."""
+    port = getattr(svc, "port", None)
+    if not port:
+        return None
+    host = getattr(getattr(svc, "http", None), "host", None) or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -7,10 +7,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from services.cli import build_parser, main
+from services.cli import _announce, build_parser, main
+from services.common.settings import Config
 from tests.support.servers import free_port
 
 
@@ -80,3 +83,27 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert f"port {taken} on 127.0.0.1 is already in use" in proc.stderr
     assert "--query-api-port" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_announce_names_the_address_each_service_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    def svc(name: str, host: str, port: int | None) -> Any:
+        return SimpleNamespace(name=name, port=port, http=SimpleNamespace(host=host))
+
+    cfg = Config()
+    cfg.profile = "up"
+    _announce(
+        [
+            svc("collect-agent", "192.0.2.7", 8081),
+            svc("query-api", "192.0.2.7", 8080),
+            svc("allocator", "0.0.0.0", 8083),
+            svc("pusher", "::1", None),
+        ],
+        cfg,
+    )
+    assert capsys.readouterr().out.splitlines() == [
+        "kelvin up: every service is running.",
+        "  console        http://192.0.2.7:8080/",
+        "  collect-agent  http://192.0.2.7:8081/",
+        "  allocator      http://127.0.0.1:8083/",
+        "Stop with Ctrl-C.",
+    ]
