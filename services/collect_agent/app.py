@@ -105,6 +105,13 @@ class CollectAgent(HttpService):
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
+        try:
+            await self._open()
+        except BaseException:  # a port in use, bad TLS files: release the spool and tasks
+            await self.close()
+            raise
+
+    async def _open(self) -> None:
         s = self.settings
         await self.spool.open()
         if self.spool.replayed_readings:
@@ -124,11 +131,7 @@ class CollectAgent(HttpService):
                 s.mqtt_users,
                 self._tls(),
             )
-            try:
-                await self.mqtt.start()
-            except BaseException:
-                await self.close()
-                raise
+            await self.mqtt.start()
         if s.broker is not None:
             self.subscriber = Subscriber(self.ingestor, self.metrics, s.broker)
             self._tasks.append(self.watch(self.subscriber.start()))

@@ -13,6 +13,7 @@ import pytest
 from services.collect_agent import mqtt_packets as mp
 from services.collect_agent.app import CollectAgent
 from services.common import codec
+from services.common.errors import ConfigError
 from services.common.storage import open_storage
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
@@ -118,6 +119,16 @@ async def test_tls_endpoint(make_agent: AgentFactory, tls_pair: tuple[Path, Path
         await client.publish("/tls/x", REC, qos=1)
     await agent.spool.wait_empty()
     assert agent.storage is not None and await agent.storage.has_sensor("/tls/x")
+
+
+async def test_a_failed_start_releases_the_spool(
+    make_agent: AgentFactory, tls_pair: tuple[Path, Path]
+) -> None:
+    cert, _ = tls_pair
+    with pytest.raises(ConfigError, match="mqtt_tls_key is not"):
+        await make_agent(mqtt_tls_cert=str(cert))
+    agent = await make_agent()  # same spool_dir: its lock was released
+    assert agent.mqtt_port
 
 
 async def test_qos2_flow_duplicates_and_subscribe_refused(agent: CollectAgent) -> None:
