@@ -104,6 +104,22 @@ async def test_bad_input_is_400_with_reason_and_counted(api: Api) -> None:
         assert f'kelvin_query_api_rejects_total{{reason="{reason}"}} 1.0' in metrics
 
 
+async def test_times_and_intervals_beyond_int64_are_400_not_a_broken_stream(api: Api) -> None:
+    await api.write("/a/p", [0], [1.0])
+    cases = [
+        ({"start": "3000-01-01", "end": "3001-01-01"}, "end: time '3001-01-01' lies outside"),
+        ({"start": "now-99999999w"}, "start: time 'now-99999999w' lies outside"),
+        ({"start": str(T0), "end": str(T0 + S), "interval": "99999999999w"}, "interval:"),
+    ]
+    for params, detail in cases:
+        for fmt in ("json", "csv"):
+            r = await api.client.get(
+                "/api/v1/readings", params={"sensor": "/a/p", "format": fmt, **params}
+            )
+            assert r.status_code == 400, (params, r.text)
+            assert r.json()["error"] == "bad_time" and detail in r.json()["detail"]
+
+
 async def test_large_answers_stream_slice_by_slice_and_stay_exact(api: Api) -> None:
     rng = np.random.default_rng(3)
     ts_s = np.cumsum(rng.integers(1, 5_000, 20_000)) / 1000.0

@@ -24,7 +24,7 @@ from services.query_api import operations
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
 from services.query_api.query import Result
-from services.query_api.routes.common import auth
+from services.query_api.routes.common import auth, parse_time_ns
 
 OPERATIONS = ["none", *specs.OPERATIONS]
 BUCKETS = ["avg", "min", "max", "sum", "count", "first", "last"]
@@ -152,8 +152,8 @@ def router(ctx: ApiContext) -> APIRouter:
     async def query(body: QueryIn) -> list[dict[str, Any]]:
         ctx.metrics.requests.labels("grafana_query").inc()
         now = times.now_ns()
-        start = times.parse_time(body.range.from_, now)
-        end = times.parse_time(body.range.to, now) + 1  # Grafana's "to" is inclusive
+        start = parse_time_ns(body.range.from_, now, "range.from")
+        end = parse_time_ns(body.range.to, now, "range.to") + 1  # Grafana's "to" is inclusive
         out: list[dict[str, Any]] = []
         for t in body.targets:
             if t.hide:
@@ -161,6 +161,11 @@ def router(ctx: ApiContext) -> APIRouter:
             payload = t.payload if isinstance(t.payload, dict) else {}
             parsed = specs.parse(_spec_of(t))
             agg = str(payload.get("agg") or "avg")
+            if agg not in BUCKETS:
+                raise specs.SpecError(
+                    f"target {t.refId}: resampling aggregate {agg!r} is unknown; "
+                    f"expected one of {', '.join(BUCKETS)}"
+                )
             results = await ctx.reader.run(parsed, start, end)
             for res in results:
                 res = _fit(parsed, res, start, end, body, agg)
@@ -201,7 +206,9 @@ def _fit(parsed: specs.Spec, res: Result, start: int, end: int, body: QueryIn, a
     limit = body.maxDataPoints or 1000
     if len(res) <= limit or parsed.aggregate:
         return res
-    interval_ns = max((body.intervalMs or 1) * 1_000_000, -(-(end - start) // limit))
+    interval_ns: int | None = max((body.intervalMs or 1) * 1_000_000, -(-(end - start) // limit))
+    if interval_ns is not None and interval_ns >= end - start:
+        interval_ns = None  # one bucket: the whole range (also keeps it inside int64)
     ts, vs = operations.aggregate(agg, res.timestamps_ns, res.values, start, interval_ns)
     return Result(res.sensor, agg, "" if agg == "count" else res.unit, ts, vs)
 

@@ -8,6 +8,7 @@ envelope: ``{"status": "success", "data": ...}`` or
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from services.query_api import promql
 from services.query_api.context import ApiContext
 from services.query_api.promeval import Evaluator, labels_of, matches
 from services.query_api.promql import PromQLError
-from services.query_api.routes.common import auth
+from services.query_api.routes.common import MAX_NS, auth, in_range
 
 MAX_POINTS = 11_000
 """Prometheus' limit of steps per series in a range query."""
@@ -66,18 +67,19 @@ def _time_ns(params: list[tuple[str, str]], key: str, default_ns: int | None = N
         if default_ns is None:
             raise BadData(f'invalid parameter "{key}": cannot parse "" to a valid timestamp')
         return default_ns
+    ns: int | None = None
     try:
         value = float(raw)
         if math.isfinite(value):
-            return round(value * 1000) * 1_000_000  # Prometheus works in ms
+            ns = round(value * 1000) * 1_000_000  # Prometheus works in ms
     except ValueError:
         pass
-    try:
-        return times.parse_time(raw)
-    except TimeSpecError:
-        raise BadData(
-            f'invalid parameter "{key}": cannot parse "{raw}" to a valid timestamp'
-        ) from None
+    if ns is None:
+        with contextlib.suppress(TimeSpecError):
+            ns = times.parse_time(raw)
+    if ns is None or not in_range(ns):
+        raise BadData(f'invalid parameter "{key}": cannot parse "{raw}" to a valid timestamp')
+    return ns
 
 
 def _step_ns(raw: str | None) -> int:
@@ -91,12 +93,18 @@ def _step_ns(raw: str | None) -> int:
             raise BadData(
                 f'invalid parameter "step": cannot parse "{raw}" to a valid duration'
             ) from None
-    if not math.isfinite(seconds) or seconds <= 0:
+    step_ns = round(seconds * 1000) * 1_000_000 if math.isfinite(seconds) else 0
+    if seconds == math.inf or step_ns > MAX_NS:
+        raise BadData(
+            f'invalid parameter "step": cannot parse "{raw}" to a valid duration. '
+            "It overflows int64"
+        )
+    if step_ns <= 0:  # also a step under 0.5 ms, which Prometheus' ms resolution makes zero
         raise BadData(
             'invalid parameter "step": zero or negative query resolution step widths are not '
             "accepted. Try a positive integer"
         )
-    return round(seconds * 1000) * 1_000_000
+    return step_ns
 
 
 def fmt_value(v: float) -> str:

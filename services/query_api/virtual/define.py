@@ -21,6 +21,8 @@ from services.query_api.virtual import check, parser
 from services.query_api.virtual.align import typical_interval_ns
 
 DEFAULT_INTERVAL_MS = 1000
+MAX_INTERVAL_MS = 10 * 366 * 86_400_000
+"""Ten years: grid steps and gaps stay far inside int64 ns."""
 ESTIMATE_WINDOW_NS = 600 * 10**9
 """How far back from the newest reading an input's interval is estimated."""
 
@@ -39,11 +41,15 @@ class VirtualIn(BaseModel):
     )
     unit: str | None = Field(None, description="Unit of the results, e.g. kW; default inferred")
     interval_ms: int | None = Field(
-        None, ge=1, description="Grid interval; default the finest input's interval"
+        None,
+        ge=1,
+        le=MAX_INTERVAL_MS,
+        description="Grid interval; default the finest input's interval",
     )
     max_gap_ms: int | None = Field(
         None,
         ge=1,
+        le=MAX_INTERVAL_MS,
         description="Interpolate across input gaps up to this long; default "
         "virtual_gap_factor x each input's interval",
     )

@@ -168,6 +168,9 @@ class Engine:
             )
         comp = await self.compiled(name)
         iv = comp.interval_ns
+        # int64 times only, with room for the grid steps read before the first point
+        start_ns = max(start_ns, MIN_NS + comp.lead * iv)
+        end_ns = min(end_ns, MAX_NS)
         g0 = align.first_grid_point(start_ns, iv)
         if g0 >= end_ns:
             return Series.empty(name)

@@ -141,3 +141,22 @@ async def test_bad_targets_are_400_with_a_message(api: Api) -> None:
         "targets": [{"target": "/hall/row0/rack0/node0/power"}],
     }
     assert (await api.client.post("/grafana/query", json=body)).json()["error"] == "bad_time"
+    body["range"] = {"from": FROM, "to": "3000-01-01T00:00:00Z"}
+    r = await api.client.post("/grafana/query", json=body)
+    assert r.status_code == 400 and "range.to: time '3000-01-01T00:00:00Z' lies outside" in r.text
+    node = {"target": "sensor", "payload": {"sensor": "/hall/row0/rack0/node0/power"}}
+    body = {"range": {"from": FROM, "to": TO}, "targets": [node]}
+    node["payload"]["agg"] = "median"  # type: ignore[index]
+    r = await api.client.post("/grafana/query", json={**body, "maxDataPoints": 1})
+    assert r.status_code == 400 and r.json()["error"] == "bad_spec"
+    assert "aggregate 'median' is unknown" in r.json()["detail"]
+
+
+async def test_an_interval_longer_than_the_range_gives_one_bucket(api: Api) -> None:
+    await hall(api)
+    node = {"target": "sensor", "payload": {"sensor": "/hall/row0/rack0/node0/power"}}
+    body = {"range": {"from": FROM, "to": TO}, "targets": [node], "maxDataPoints": 1}
+    for interval_ms in (3_600_000, 10**20):
+        r = await api.client.post("/grafana/query", json={**body, "intervalMs": interval_ms})
+        assert r.status_code == 200, r.text
+        assert r.json()[0]["datapoints"] == [[100.0, T0 // 10**6]]  # stamped with the start

@@ -236,6 +236,8 @@ async def test_metadata_endpoints_agree(
         ("query_range", {"query": "power", "start": "yesterday", "end": "1", "step": "60"}),
         ("query_range", {"query": "power", "start": "10", "end": "1", "step": "60"}),
         ("query_range", {"query": "power", "start": "1", "end": "100", "step": "0"}),
+        ("query_range", {"query": "power", "start": "1", "end": "100", "step": "1e-30"}),
+        ("query_range", {"query": "power", "start": "1", "end": "100", "step": "1e300"}),
         ("query_range", {"query": "power", "start": "1", "end": "100"}),
         ("query_range", {"query": "power", "start": "0", "end": "100000", "step": "1"}),
         ("query", {"query": 'power{l2=~"("}'}),
@@ -251,6 +253,23 @@ async def test_error_shapes_agree(
     assert k["status"] == p["status"] == "error"
     assert k["errorType"] == p["errorType"]
     assert k["error"]
+
+
+async def test_times_beyond_int64_are_bad_data(kelvin: Api) -> None:
+    """Prometheus turns such times into nonsense; Kelvin says which parameter is wrong."""
+    for path, params in [
+        ("query", {"query": "power", "time": "1e30"}),
+        ("query", {"query": "power", "time": "3000-01-01T00:00:00Z"}),
+        ("query_range", {"query": "power", "start": "-1e30", "end": "1", "step": "60"}),
+    ]:
+        r = await kelvin.client.get(f"/prometheus/api/v1/{path}", params=params)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["status"] == "error" and body["errorType"] == "bad_data"
+        key = "time" if path == "query" else "start"
+        assert body["error"] == (
+            f'invalid parameter "{key}": cannot parse "{params[key]}" to a valid timestamp'
+        )
 
 
 async def test_grafana_startup_probes(kelvin: Api) -> None:

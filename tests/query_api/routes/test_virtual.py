@@ -133,6 +133,9 @@ async def test_definition_errors(api: Api) -> None:
         body = r.json()
         assert body["error"] == kind and fragment in body["detail"], body
         assert body.get("position") == position, body
+    for key in ("interval_ms", "max_gap_ms"):  # a grid step must stay inside int64 ns
+        r = await define(api, "/bad", '"/a/power"', **{key: 10**18})
+        assert r.status_code == 422 and f"body.{key}: Input should be less" in r.text
     assert (await api.client.get("/api/v1/virtual/bad")).status_code == 404
 
 

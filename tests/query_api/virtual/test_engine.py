@@ -153,3 +153,16 @@ async def test_answers_share_read_only_arrays_with_the_memory_tier(api: Api) -> 
         first.values[0] = 0.0
     again = await engine.evaluate("/pue", T0, T0 + 11 * S)
     assert again.values.tolist() == first.values.tolist()
+
+
+async def test_ranges_at_the_edge_of_int64_keep_their_grid(api: Api) -> None:
+    await api.write("/a/p", [0, 1], [1.0, 2.0])
+    await api.client.put("/api/v1/virtual/d", json={"expression": 'delta("/a/p")'})
+    engine = api.service.ctx.virtual
+    assert isinstance(engine, Engine)
+    start = times.parse_time("1677-09-21T00:12:44Z")  # under a second after int64's first ns
+    with np.errstate(over="raise"):  # the step before the first point must not wrap around
+        s = await engine.evaluate("/d", start, start + 5 * S)
+    # 00:12:44 would need 00:12:43, before int64's first ns (00:12:43.145224192)
+    assert s.timestamps_ns.tolist() == [start + k * S for k in range(1, 5)]
+    assert bool(np.isnan(s.values).all())
