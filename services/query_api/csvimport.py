@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 
 import numpy as np
 
@@ -38,20 +39,38 @@ class PayloadTooLarge(KelvinError):
     reason = "too_large"
 
 
+_MIN_NS, _MAX_NS = -(2**63), 2**63 - 1
+
+
+def _bulk_iso(t: str) -> bool:
+    """An ISO time numpy parses exactly: UTC, and a year numpy's ns can hold (it wraps
+    other years around silently)."""
+    return len(t) > 10 and t[10] == "T" and "1678" <= t[:4] <= "2261" and not _OFFSET(t, 11)
+
+
+_OFFSET = re.compile(r"[-+]").search
+
+
 def _times(texts: list[str], lines: list[int]) -> Int64Array:
     """Parse times; ISO 8601 in bulk through numpy, everything else one by one."""
-    if texts and all(len(t) > 10 and t[10] == "T" for t in texts):
+    if texts and all(_bulk_iso(t) for t in texts):
         try:
             bare = [t[:-1] if t.endswith(("Z", "z")) else t for t in texts]
             return np.array(bare, dtype="datetime64[ns]").astype(np.int64)
         except ValueError:
-            pass  # offsets or odd forms: the slow path names the bad line
+            pass  # odd forms: the slow path names the bad line
     out = np.empty(len(texts), dtype=np.int64)
     for i, t in enumerate(texts):
         try:
-            out[i] = int(t) if t.isdigit() and len(t) >= 16 else times.parse_time(t)
+            ns = int(t) if t.isdigit() and len(t) >= 16 else times.parse_time(t)
         except TimeSpecError as exc:
             raise CsvError(f"line {lines[i]}: {exc}") from None
+        if not _MIN_NS <= ns <= _MAX_NS:
+            raise CsvError(
+                f"line {lines[i]}: time {t[:40]!r} lies outside 1677-09-21 .. 2262-04-11, "
+                "the times int64 ns since the epoch can hold"
+            )
+        out[i] = ns
     return out
 
 
