@@ -124,14 +124,19 @@ def encode_kvb1(
     flat_t = np.broadcast_to(ts, (n, k))[mt]
     counts = counts_all[keep]
     ends = np.cumsum(counts)
-    per = max(1, max_bytes // (6 + 16 * max(1, int(counts.max())) + 8))
+    # Split by the series' real sizes (count, name length) so no payload exceeds max_bytes.
+    sizes = np.cumsum(6 + 16 * counts + route.lens[keep].astype(np.int64))
+    budget = max_bytes - _HEAD.size
     out = []
-    for a in range(0, keep.shape[0], per):
-        b = min(keep.shape[0], a + per)
+    a = 0
+    while a < keep.shape[0]:
+        used = int(sizes[a - 1]) if a else 0
+        b = max(a + 1, int(np.searchsorted(sizes, used + budget, side="right")))
         lo = 0 if a == 0 else int(ends[a - 1])
         hi = int(ends[b - 1])
         payload = _kvb1(route, keep[a:b], counts[a:b], flat_t[lo:hi], flat_v[lo:hi])
         out.append(Message(route.topic, payload, hi - lo))
+        a = b
     return out
 
 

@@ -100,6 +100,16 @@ def test_kvb1_splits_large_groups_by_bytes() -> None:
     assert sum(m.readings for m in msgs) == 1000
 
 
+def test_kvb1_with_a_mask_respects_max_bytes_whatever_the_name_lengths() -> None:
+    names = [f"/h/g/{'x' * 200}{i:04d}" for i in range(1000)]
+    mask = np.ones((1, 1000), dtype=bool)
+    mask[0, 7] = False
+    msgs = encode_kvb1(route(names), np.array([1], dtype=np.int64), np.ones((1, 1000)), mask, 16384)
+    assert len(msgs) > 1 and all(len(m.payload) <= 16384 for m in msgs)
+    got = [s for m in msgs for s in codec.decode_batch("/h/g", m.payload).sensors]
+    assert got == names[:7] + names[8:]
+
+
 @pytest.mark.parametrize("value", [1e30, -1e30])
 def test_dcdb_clips_values_beyond_int64(value: float) -> None:
     (msg,) = encode_dcdb(route(["/h/x"]), np.array([1], dtype=np.int64), np.array([[value]]), None)
