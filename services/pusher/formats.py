@@ -147,7 +147,8 @@ def encode_dcdb(
     k, n = values.shape
     ints = np.rint(np.clip(values.T / route.scale[:, None], -_I64_MAX, _I64_MAX))
     rec = np.empty((n, k), dtype=codec.DCDB_RECORD)
-    rec["value"] = ints
+    with np.errstate(invalid="ignore"):  # NaN = no reading: masked out below, never sent
+        rec["value"] = ints
     rec["ts"] = ts[None, :]
     if mask is None:
         buf = rec.tobytes()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -91,6 +93,16 @@ def test_dcdb_one_message_per_sensor_with_all_its_readings_scaled() -> None:
     assert codec.encode_dcdb([100, 101, 101], [1_000, 2_000, 3_000]) == msgs[1].payload
     unmasked = encode_dcdb(r, ts, values, None)
     assert [m.readings for m in unmasked] == [3, 3]
+
+
+def test_dcdb_masked_nan_is_not_sent_and_warns_nothing() -> None:
+    values = np.array([[1.0, np.nan]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        msgs = encode_dcdb(
+            route(["/h/t/a", "/h/t/b"]), np.array([5], dtype=np.int64), values, ~np.isnan(values)
+        )
+    assert [(m.topic, m.readings) for m in msgs] == [("/h/t/a", 1)]
 
 
 def test_kvb1_splits_large_groups_by_bytes() -> None:
