@@ -96,7 +96,9 @@ def create_app(svc: PusherService) -> FastAPI:
     @r.get("/cache/{sensor:path}", dependencies=read, summary="Cached readings of a sensor")
     async def cache(
         sensor: str,
-        average_s: float | None = Query(None, gt=0, description="time-weighted average window"),
+        average_s: float | None = Query(
+            None, gt=0, allow_inf_nan=False, description="time-weighted average window"
+        ),
         readings: bool = Query(False, description="include the cached readings"),
     ) -> CacheReading:
         name = names.validate(sensor if sensor.startswith("/") else "/" + sensor)

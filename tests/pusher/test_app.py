@@ -89,10 +89,12 @@ async def test_rest_lists_plugins_sensors_and_cache(
             sensors = (await http.get("/api/v1/sensors", params={"plugin": "tester"})).json()
             cached = (await http.get("/api/v1/cache/n2/tester/s0001?average_s=10")).json()
             missing = await http.get("/api/v1/cache/n2/tester/nope")
+            endless = await http.get("/api/v1/cache/n2/tester/s0001?average_s=inf")
             ready = await http.get("/readyz")
     assert [(p["name"], p["state"], p["sensors"]) for p in plugins] == [("tester", "running", 4)]
     assert sensors == [f"/n2/tester/s000{i}" for i in range(4)]
     assert cached["value"] >= 3 and cached["timestamp_ns"] % 100_000_000 == 0
     assert 1 <= cached["average"] <= cached["value"]
     assert missing.status_code == 404
+    assert endless.status_code == 422 and "average_s" in endless.text
     assert ready.status_code == 200
