@@ -164,16 +164,6 @@ class SensorCache:
             return self.max_points
         return max(2, min(self.max_points, int(self.window_ns / 1e9 / interval_s) + 1))
 
-    def reserve(self, sensor: str, points: int) -> None:
-        """Size one sensor's ring (e.g. window / interval) instead of ``max_points``."""
-        points = max(2, min(points, self.max_points))
-        ring = self._rings.get(sensor)
-        if ring is None or ring.cap != points:
-            new = _Ring(points, _FIRST_RING_POINTS)
-            if ring is not None and ring.n:
-                new.put(*ring.ordered())
-            self._rings[sensor] = new
-
     def put(self, sensor: str, timestamps_ns: Int64Array, values: Float64Array) -> None:
         if timestamps_ns.shape[0] == 0:
             return
@@ -248,7 +238,7 @@ class SensorCache:
         i = int(np.searchsorted(ts, lo, side="left"))
         return ts[i:], vs[i:]
 
-    def average(self, sensor: str, seconds: float, now_ns: int | None = None) -> float | None:
+    def average(self, sensor: str, seconds: float) -> float | None:
         """Time-weighted average over the last ``seconds`` (up to the newest reading).
 
         Each reading holds until the next one (step interpolation), as DCDB does;
@@ -257,7 +247,7 @@ class SensorCache:
         ts, vs = self._series(sensor)
         if ts.shape[0] == 0:
             return None
-        end = int(ts[-1]) if now_ns is None else min(now_ns, int(ts[-1]))
+        end = int(ts[-1])
         start = end - int(seconds * 1e9)
         i = max(int(np.searchsorted(ts, start, side="right")) - 1, 0)
         j = int(np.searchsorted(ts, end, side="right"))
