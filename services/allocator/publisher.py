@@ -61,11 +61,15 @@ class DecisionPublisher:
         metrics: AllocatorMetrics,
         maxlen: int = 1000,
         qos: int = 1,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.brokers = [parse_broker(b) for b in brokers]
         self.prefix = prefix.rstrip("/")
         self.metrics = metrics
         self.qos = qos
+        self.username = username
+        self.password = password
         self.buffer: deque[tuple[str, bytes]] = deque()
         self.maxlen = maxlen
         self.metadata: list[SensorMetadata] = [
@@ -121,7 +125,14 @@ class DecisionPublisher:
         while True:
             for host, port in self.brokers:
                 try:
-                    async with aiomqtt.Client(host, port, identifier=ident, timeout=5) as client:
+                    async with aiomqtt.Client(
+                        host,
+                        port,
+                        identifier=ident,
+                        username=self.username,
+                        password=self.password,
+                        timeout=5,
+                    ) as client:
                         self._set_connected(True)
                         backoff = 0.5
                         await self._announce(client)

@@ -76,6 +76,8 @@ class AllocatorCore:
             metrics,
             settings.publish_buffer,
             settings.mqtt_qos,
+            settings.mqtt_username,
+            settings.mqtt_password,
         )
         if settings.publish_nodes:
             self.publisher.add_metadata(self._node_sensors(), "°C")

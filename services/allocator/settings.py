@@ -78,6 +78,10 @@ class Settings(SectionSettings):
     """Snapshots kept while the broker is unreachable (oldest dropped, counted)."""
     mqtt_qos: int = Field(1, ge=0, le=1)
     """QoS of the published sensors."""
+    mqtt_username: str | None = None
+    """Broker login for publishing (e.g. one of the collect agent's ``mqtt_users``); None = anonymous."""
+    mqtt_password: str | None = None
+    """Password of ``mqtt_username`` (set it through ``KELVIN_ALLOCATOR_MQTT_PASSWORD``)."""
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
     api_token: str | None = None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
-from collections.abc import AsyncIterator, Callable
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from services.allocator.state import HallState
 from services.common import codec
 from services.common.settings import Config
 from services.common.thermal import reference_hall
-from tests.support.servers import Mosquitto, free_port
+from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
 
 
 def _config(state_dir: Path, broker_port: int, profile: str = "run", **allocator: Any) -> Config:
@@ -233,6 +235,57 @@ async def test_decisions_are_published_as_sensors(
         assert units["/hall/row0/rack0/node0/predicted_inlet_temp"] == "°C"
         assert got_job["jobid"] == r.json()["id"] and got_job["endtime"] == 0
         assert got_job["nodes"][0] == "/hall/row0/rack0/node0"
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+def broker_with_login(tmp_path: Path) -> Iterator[int]:
+    """A real mosquitto that refuses anonymous clients; user ``alloc``, password ``pw``."""
+    binary = require_binary("mosquitto", "mosquitto")
+    passwd = require_binary("mosquitto_passwd", "mosquitto")
+    port = free_port()
+    users = tmp_path / "users"
+    subprocess.run([passwd, "-b", "-c", str(users), "alloc", "pw"], check=True)
+    conf = tmp_path / "mosquitto-login.conf"
+    # Started as root, mosquitto would drop to user "mosquitto", who cannot read tmp_path.
+    conf.write_text(
+        f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous false\n"
+        f"password_file {users}\npersistence false\n"
+    )
+    with open(tmp_path / "mosquitto-login.log", "wb") as log:
+        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_port(port, proc=proc)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+async def test_decisions_reach_a_broker_that_requires_a_login(
+    tmp_path: Path, broker_with_login: int
+) -> None:
+    running = await _start(
+        _config(
+            tmp_path / "s",
+            broker_with_login,
+            publish_interval_s=3600,
+            mqtt_username="alloc",
+            mqtt_password="pw",
+        )
+    )
+    try:
+        async with aiomqtt.Client(
+            "127.0.0.1", broker_with_login, username="alloc", password="pw"
+        ) as sub:
+            await sub.subscribe("/DCDB_JOBDATA/", qos=1)
+            r = await running.http.post("/api/v1/jobs", json={"size": 2})
+            assert r.status_code == 201
+            async with asyncio.timeout(10):
+                msg = await anext(aiter(sub.messages))
+        assert json.loads(bytes(msg.payload))["jobid"] == r.json()["id"]  # type: ignore[arg-type]
+        assert await running.metric("kelvin_allocator_mqtt_connected") == 1
     finally:
         await running.stop()
 

@@ -253,6 +253,7 @@ def test_everything_reaches_the_services(
     assert pusher.plugins["rack-temperatures"]["rapl"] is False, "an explicit rapl wins"
     allocator = load_settings(everything, "allocator", tmp_path, monkeypatch)["allocator"]
     assert allocator.api_token == "allocator-token" and allocator.min_mttf_years == 5
+    assert (allocator.mqtt_username, allocator.mqtt_password) == ("pusher", "pusher-password")
     (c,) = everything.workload("allocator")["spec"]["template"]["spec"]["containers"]
     assert str(allocator.hall_file) == "/etc/kelvin-hall/hall.yaml"
     assert "/etc/kelvin-hall" in {m["mountPath"] for m in c["volumeMounts"]}
@@ -284,6 +285,9 @@ def test_external_broker_mode(
     pusher = load_settings(rendered, "pusher", tmp_path, monkeypatch)["pusher"]
     assert pusher.brokers == ["emqx.mqtt.svc:8883"]
     assert (pusher.mqtt_username, pusher.mqtt_password) == ("publisher", "publisher-pw")
+    allocator = load_settings(rendered, "allocator", tmp_path, monkeypatch)["allocator"]
+    assert allocator.brokers == ["emqx.mqtt.svc:8883"]
+    assert (allocator.mqtt_username, allocator.mqtt_password) == ("publisher", "publisher-pw")
     storage = load_settings(rendered, "query-api", tmp_path, monkeypatch)["storage"]
     assert storage.influxdb.token == "influx-token-from-secret"
     assert storage.influxdb.username is None, "optional keys missing from the Secret stay unset"

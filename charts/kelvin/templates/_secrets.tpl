@@ -109,9 +109,13 @@ it, so they must not contain `"` or `\`.
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_TOKEN" "existing" $auth.existingSecret "key" $auth.pusherTokenKey "inline" $auth.pusherToken) }}
 {{- end }}
 
+{{/* The allocator: its REST token, and the pushers' MQTT login for its decision sensors. */}}
 {{- define "kelvin.allocatorEnv" -}}
 {{- $auth := .Values.auth }}
+{{- $pub := .Values.mqtt.publisherAuth }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_API_TOKEN" "existing" $auth.existingSecret "key" $auth.allocatorTokenKey "inline" $auth.allocatorToken) }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
 {{- end }}
 
 {{- define "kelvin.queryApiEnv" -}}
