@@ -109,10 +109,6 @@ class Spool:
     def pending_readings(self) -> int:
         return self._readings
 
-    @property
-    def drained_seq(self) -> int:
-        return self._drained
-
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
         """Create the directory and replay what a previous run left undrained."""

@@ -75,16 +75,6 @@ def validate_prefix(prefix: str) -> str:
     return validate(prefix)
 
 
-def from_topic(topic: bytes | str) -> str:
-    """Decode a raw MQTT topic into a validated sensor name."""
-    if isinstance(topic, bytes):
-        try:
-            topic = topic.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SensorNameError(f"topic {topic[:60]!r} is not valid UTF-8") from exc
-    return validate(topic)
-
-
 def levels(name: str) -> list[str]:
     """``/a/b/c`` -> ``['a', 'b', 'c']``."""
     return name[1:].split("/") if name != "/" else []

@@ -145,26 +145,6 @@ class Batch:
             np.concatenate([b.values for b in items]),
         )
 
-    def grouped(self) -> dict[str, Series]:
-        """Merge repeated sensors into one series each, sorted by timestamp.
-
-        Where a sensor has two readings with the same timestamp the later one in
-        the batch wins (last write wins), as storage backends also do.
-        """
-        parts: dict[str, list[Series]] = {}
-        for s in self:
-            if len(s):
-                parts.setdefault(s.sensor, []).append(s)
-        out: dict[str, Series] = {}
-        for name, ss in parts.items():
-            if len(ss) == 1:
-                ts, vs = ss[0].timestamps_ns, ss[0].values
-            else:
-                ts = np.concatenate([s.timestamps_ns for s in ss])
-                vs = np.concatenate([s.values for s in ss])
-            out[name] = Series(name, *sort_dedup(ts, vs))
-        return out
-
 
 def sort_dedup(ts: Int64Array, vs: Float64Array) -> tuple[Int64Array, Float64Array]:
     """Sort by timestamp; for equal timestamps keep the last value given."""

@@ -45,12 +45,6 @@ def test_invalid_names_say_why(name: str, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
-def test_topic_bytes_must_be_utf8() -> None:
-    with pytest.raises(SensorNameError, match="UTF-8"):
-        names.from_topic(b"/a/\xff\xfe")
-    assert names.from_topic(b"/a/b") == "/a/b"
-
-
 def test_hierarchy_helpers() -> None:
     assert names.parent("/a/b/c") == "/a/b"
     assert names.parent("/a") == "/"

@@ -1,4 +1,4 @@
-"""The columnar Batch: construction, concatenation, grouping with last-write-wins."""
+"""The columnar Batch: construction, concatenation; sort_dedup with last-write-wins."""
 
 from __future__ import annotations
 
@@ -27,14 +27,6 @@ def test_concat_keeps_offsets_consistent() -> None:
     assert merged.sensors == ["/a", "/b", "/c"]
     assert merged.offsets.tolist() == [0, 2, 3, 4]
     assert merged.series(2).values.tolist() == [4.0]
-
-
-def test_grouped_merges_repeats_sorted_last_write_wins() -> None:
-    batch = Batch.from_rows(["/a", "/b", "/a", "/a"], [3, 1, 1, 3], [30.0, 10.0, 11.0, 31.0])
-    g = batch.grouped()
-    assert g["/a"].timestamps_ns.tolist() == [1, 3]
-    assert g["/a"].values.tolist() == [11.0, 31.0]  # the later 31.0 replaced 30.0
-    assert g["/b"].values.tolist() == [10.0]
 
 
 def test_invalid_shapes_are_rejected() -> None:
