@@ -68,19 +68,24 @@ def static_row(hall: Hall) -> Experiment:
     model = HallModel(
         hall.subset_rows([0]), power=PowerModel(hall.busy_power_w, phase_weighted=False)
     )
-    return Experiment(
-        "static-row", model, _sequence(STATIC_ROW_SIZES), params={"sizes": STATIC_ROW_SIZES}
-    )
+    jobs = _sequence("static-row", model, STATIC_ROW_SIZES)
+    return Experiment("static-row", model, jobs, params={"sizes": STATIC_ROW_SIZES})
 
 
 def static_hall(hall: Hall) -> Experiment:
     model = HallModel(hall, power=PowerModel(hall.busy_power_w, phase_weighted=False))
-    return Experiment(
-        "static-hall", model, _sequence(STATIC_HALL_SIZES), params={"sizes": STATIC_HALL_SIZES}
-    )
+    jobs = _sequence("static-hall", model, STATIC_HALL_SIZES)
+    return Experiment("static-hall", model, jobs, params={"sizes": STATIC_HALL_SIZES})
 
 
-def _sequence(sizes: tuple[int, ...]) -> list[JobSpec]:
+def _sequence(name: str, model: HallModel, sizes: tuple[int, ...]) -> list[JobSpec]:
+    """The never-ending jobs of a static experiment; each must fit the (empty) hall."""
+    present = int(model.present.sum())
+    if max(sizes) > present:
+        raise ConfigError(
+            f"{name}: its largest job has {max(sizes)} nodes, hall {model.hall.name!r} "
+            f"has {present}; use a larger hall"
+        )
     return [JobSpec(k + 1, s, 0.0, None, 0.0) for k, s in enumerate(sizes)]
 
 

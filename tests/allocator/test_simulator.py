@@ -140,6 +140,18 @@ def test_cli_rejects_bad_ranges(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--sizes 9-2" in capsys.readouterr().err
 
 
+def test_a_static_job_larger_than_the_hall_is_a_configuration_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hall = tmp_path / "tiny.yaml"
+    hall.write_text(f"name: tiny\nrows: 1\nracks: 1\nslots: 4\nd_matrix: {[[0.0] * 4] * 4}\n")
+    argv = ["allocator", "simulate", "--experiment", "static-row", "--hall", str(hall)]
+    assert kelvin(argv) == 2
+    assert "static-row: its largest job has 6 nodes, hall 'tiny[rows [0]]' has 4" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--arrival-rate", "inf"), ("--hours", "inf")])
 def test_cli_refuses_an_endless_job_stream(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]
