@@ -39,6 +39,7 @@ JOBDATA_PREFIX = "/DCDB_JOBDATA/"
 BATCH_PREFIX = "/KELVIN_BATCH/"
 BATCH_MAGIC = b"KVB1"
 _BATCH_HEAD = struct.Struct("<4sII")  # magic, n_series, n_readings
+BATCH_HEAD_BYTES = _BATCH_HEAD.size
 
 MAX_DCDB_RECORDS = 1 << 20
 """Refuse absurd payloads before allocating (16 MiB of records)."""
@@ -166,17 +167,29 @@ def encode_batch(prefix: str, batch: Batch) -> tuple[str, bytes]:
 
 
 def encode_batch_rel(rel_names: Sequence[bytes], batch: Batch) -> bytes:
-    """Encode with pre-encoded relative names (the pusher caches them)."""
-    counts = batch.counts.astype("<u4")
+    """Encode with names already relative to the prefix and UTF-8 encoded."""
     lens = np.fromiter((len(r) for r in rel_names), dtype="<u2", count=len(rel_names))
+    return encode_batch_columns(
+        batch.counts, lens, b"".join(rel_names), batch.timestamps_ns, batch.values
+    )
+
+
+def encode_batch_columns(
+    counts: npt.NDArray[np.integer[Any]],
+    name_lens: npt.NDArray[np.integer[Any]],
+    names_blob: bytes,
+    timestamps_ns: Int64Array,
+    values: Float64Array,
+) -> bytes:
+    """A KVB1 payload from its columns (the pusher slices precomputed ones per message)."""
     return b"".join(
         (
-            _BATCH_HEAD.pack(BATCH_MAGIC, len(rel_names), len(batch)),
-            counts.tobytes(),
-            lens.tobytes(),
-            b"".join(rel_names),
-            batch.timestamps_ns.astype("<i8", copy=False).tobytes(),
-            batch.values.astype("<f8", copy=False).tobytes(),
+            _BATCH_HEAD.pack(BATCH_MAGIC, counts.shape[0], timestamps_ns.shape[0]),
+            counts.astype("<u4", copy=False).tobytes(),
+            name_lens.astype("<u2", copy=False).tobytes(),
+            names_blob,
+            timestamps_ns.astype("<i8", copy=False).tobytes(),
+            values.astype("<f8", copy=False).tobytes(),
         )
     )
 

@@ -9,7 +9,6 @@ scales) so that a cycle of 10k sensors is a handful of numpy calls;
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -22,7 +21,6 @@ from services.common.sensors import SensorMetadata
 from services.pusher.processing import BoolArray
 
 Format = Literal["kvb1", "dcdb"]
-_HEAD = struct.Struct("<4sII")
 _I64_MAX = float(2**63 - 1024)
 
 
@@ -82,16 +80,7 @@ def _kvb1(
     else:
         blob = b"".join([route.rel[i] for i in idx.tolist()])
         lens = route.lens[idx]
-    return b"".join(
-        (
-            _HEAD.pack(codec.BATCH_MAGIC, counts.shape[0], ts.shape[0]),
-            counts.astype("<u4", copy=False).tobytes(),
-            lens.tobytes(),
-            blob,
-            ts.astype("<i8", copy=False).tobytes(),
-            vs.astype("<f8", copy=False).tobytes(),
-        )
-    )
+    return codec.encode_batch_columns(counts, lens, blob, ts, vs)
 
 
 def encode_kvb1(
@@ -126,7 +115,7 @@ def encode_kvb1(
     ends = np.cumsum(counts)
     # Split by the series' real sizes (count, name length) so no payload exceeds max_bytes.
     sizes = np.cumsum(6 + 16 * counts + route.lens[keep].astype(np.int64))
-    budget = max_bytes - _HEAD.size
+    budget = max_bytes - codec.BATCH_HEAD_BYTES
     out = []
     a = 0
     while a < keep.shape[0]:
