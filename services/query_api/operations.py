@@ -6,13 +6,16 @@ with the later reading (as DCDB's ``dcdbquery`` prints them):
 =============  =====================================  ============
 operation      value at reading *i* (i >= 1)           unit
 =============  =====================================  ============
-``delta``      v[i] - v[i-1]                           unit
+``delta``      v[i] - v[i-1]                           unit [#]_
 ``delta_t``    t[i] - t[i-1] (ns)                      ns
 ``derivative`` (v[i] - v[i-1]) / dt (dt in s)          unit/s
 ``integral``   (v[i] + v[i-1]) / 2 * dt (trapezoid)    unit·s
 ``rate``       increase of a counter / dt; a drop is   unit/s
                a reset, so the increase is v[i]
 =============  =====================================  ============
+
+.. [#] a difference of a unit with an offset is its ``delta_`` unit (``degC`` ->
+   ``delta_degC``), which converts to ``K`` or ``delta_degF`` without the offset.
 
 The sum of ``integral`` over a range is the trapezoidal integral of the range.
 Aggregates (``min max avg sum count``) reduce the whole range to one point
@@ -26,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.common.readings import Float64Array, Int64Array
+from services.query_api import units
 from services.query_api.spec import AGGREGATES, TRANSFORMS
 
 NS_PER_S = 1e9
@@ -65,6 +69,8 @@ def transform_unit(op: str, unit: str) -> str:
         return f"{unit}/s" if unit else "1/s"
     if op == "integral":
         return f"{unit}*s" if unit else "s"
+    if op == "delta":
+        return units.difference_of(unit)  # degC -> delta_degC: converts without the offset
     return unit
 
 

@@ -86,14 +86,33 @@ def conversion(src: str | None, dst: str) -> Linear:
 
 def linear(a: Any, b: Any, src: str = "", dst: str = "") -> Linear:
     """Linear map from unit ``a`` to unit ``b`` (pint Units)."""
+    import pint
+
     ureg = registry()
     if a.dimensionality != b.dimensionality:
         raise UnitError(
             f"cannot convert {src or str(a)!r} ({a.dimensionality}) to {dst or str(b)!r} "
             f"({b.dimensionality}): different dimensions"
         )
-    q = ureg.Quantity(np.array([0.0, 1.0]), a).to(b).magnitude
+    try:
+        q = ureg.Quantity(np.array([0.0, 1.0]), a).to(b).magnitude
+    except pint.PintError as exc:  # a temperature difference to a temperature scale
+        raise UnitError(
+            f"cannot convert {src or str(a)!r} to {dst or str(b)!r}: {exc} (a difference of "
+            "temperatures converts to K or delta_degC, a temperature to degC, degF or K)"
+        ) from None
     return Linear(float(q[1] - q[0]), float(q[0]))
+
+
+def difference_of(text: str) -> str:
+    """The unit of a difference of two values in unit ``text``: ``delta_degC`` for
+    ``degC`` (whose conversions add an offset, which a difference must not get);
+    ``text`` itself for every unit without an offset (``K``, ``W``)."""
+    unit = parse(text)
+    if unit is None or to_base(unit)[1].offset == 0.0:
+        return text
+    delta = f"delta_{text.strip()}"
+    return delta if parse(delta) is not None else text
 
 
 def to_base(unit: Any) -> tuple[Any, Linear]:

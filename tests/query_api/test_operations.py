@@ -98,6 +98,21 @@ async def test_units_and_factors(api: Api) -> None:
     assert (await run(api, "/t@0.5"))["unit"] == "degC"
 
 
+async def test_a_difference_of_temperatures_converts_without_the_offset(api: Api) -> None:
+    await api.write("/t", [0, 1, 2], [20.0, 21.0, 23.5], unit="degC")
+    body = await run(api, "delta(/t)")
+    assert body["values"] == [1.0, 2.5] and body["unit"] == "delta_degC"
+    assert (await run(api, "delta(/t)@K"))["values"] == pytest.approx([1.0, 2.5])
+    assert (await run(api, "delta(/t)@delta_degF"))["values"] == pytest.approx([1.8, 4.5])
+    assert (await run(api, "derivative(/t)@K/s"))["values"] == pytest.approx([1.0, 2.5])
+    # a difference is no temperature: a precise 400, not a 500
+    r = await api.client.get(
+        "/api/v1/readings", params={"sensor": "delta(/t)@degF", "start": str(T0)}
+    )
+    assert r.status_code == 400 and r.json()["error"] == "bad_unit"
+    assert "cannot convert 'delta_degC' to 'degF'" in r.json()["detail"]
+
+
 def test_unknown_operation_names_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown aggregate"):
         operations.aggregate("median", np.zeros(1, np.int64), np.zeros(1), 0)

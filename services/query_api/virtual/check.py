@@ -33,6 +33,9 @@ class Checked:
     unit: Any
     """pint Unit (SI base units) of the expression's value."""
     warnings: list[str] = field(default_factory=list)
+    difference: bool = False
+    """The value is a difference of temperatures (``"/out" - "/in"``): in a unit with
+    an offset it is that unit's ``delta_`` unit (10 delta_degC, not -263.15 degC)."""
 
 
 class _Checker:
@@ -47,6 +50,8 @@ class _Checker:
         self.expansions = expansions
         self.warnings: list[str] = []
         self.ureg = units.registry()
+        self._units: dict[int, Any] = {}
+        """id(node) -> its unit, as :meth:`unit` found it."""
 
     def fail(self, message: str, pos: int) -> ExpressionError:
         return ExpressionError(message, self.text, pos)
@@ -69,6 +74,11 @@ class _Checker:
         return a
 
     def unit(self, node: Node) -> Any:
+        found = self._unit(node)
+        self._units[id(node)] = found
+        return found
+
+    def _unit(self, node: Node) -> Any:
         if isinstance(node, Number):
             if node.unit is None:
                 return self.ureg.dimensionless
@@ -130,6 +140,35 @@ class _Checker:
             return args[0] * self.ureg.second
         return args[0]  # abs, delta
 
+    def difference(self, node: Node) -> bool:
+        """Whether a (temperature) value is a difference rather than a point on a scale:
+        a difference of two points, a function of differences, or ``delta()``. Call
+        after :meth:`unit` checked the tree."""
+        if isinstance(node, Number):
+            unit = units.parse(node.unit) if node.unit else None
+            return unit is None or units.to_base(unit)[1].offset == 0.0  # 5 K, not 5 degC
+        if isinstance(node, Ref):
+            name = (self.expansions.get(node.name) or [node.name])[0]
+            text = self.sensor_units.get(name) or ""
+            return text.strip().startswith("delta_")
+        if isinstance(node, Unary):
+            return self.difference(node.operand)
+        if isinstance(node, Binary):
+            left, right = self.difference(node.left), self.difference(node.right)
+            if node.op == "+":
+                return left and right
+            if node.op == "-":
+                return left == right  # point - point, or difference - difference
+            if node.op == "^":
+                return left
+            # * and /: what the factor with a dimension is (2 * ("/a" - "/b"))
+            if self._units[id(node.right)].dimensionless:
+                return left
+            return right if self._units[id(node.left)].dimensionless else False
+        if node.func == "delta":
+            return True
+        return all(self.difference(a) for a in node.args)
+
 
 def arg_pos(node: Node) -> int:
     return node.pos
@@ -172,7 +211,7 @@ def check(
     """Check dimensions; ``sensor_units`` maps every referenced (and expanded) sensor to its unit."""
     checker = _Checker(text, sensor_units, expansions)
     unit = checker.unit(node)
-    return Checked(unit, checker.warnings)
+    return Checked(unit, checker.warnings, checker.difference(node))
 
 
 def result_unit(
@@ -182,7 +221,8 @@ def result_unit(
     where: str,
 ) -> str:
     """The unit results are stored in: the declared one (dimension checked), else the first
-    input unit of the right dimension, else SI base units."""
+    input unit of the right dimension, else SI base units; for a difference of
+    temperatures the ``delta_`` form of a unit with an offset (``delta_degC``)."""
     if declared:
         unit = units.require(declared, where)
         if unit.dimensionality != checked.unit.dimensionality:
@@ -190,9 +230,21 @@ def result_unit(
                 f"{where}: declared unit {declared!r} ({_dim(unit)}) does not match the "
                 f"expression's dimension ({_dim(checked.unit)})"
             )
-        return declared
+        return _of_difference(checked, declared)
     for c in candidates:
         parsed = units.parse(c) if c else None
         if parsed is not None and parsed.dimensionality == checked.unit.dimensionality:
-            return str(c)
+            return _of_difference(checked, str(c))
     return units.text(checked.unit)
+
+
+def _of_difference(checked: Checked, unit: str) -> str:
+    if not checked.difference:
+        return unit
+    delta = units.difference_of(unit)
+    if delta != unit:
+        checked.warnings.append(
+            f"the expression is a difference of temperatures: its results are in {delta} "
+            f"(a difference in {unit}), which converts to K without {unit}'s offset"
+        )
+    return delta

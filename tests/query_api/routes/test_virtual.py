@@ -60,6 +60,30 @@ async def test_declared_unit_numbers_with_units_and_conversions(api: Api) -> Non
     assert r.json()["values"] == pytest.approx([1800.0]) and r.json()["unit"] == "W"
 
 
+async def test_differences_of_temperatures_carry_no_offset(api: Api) -> None:
+    await api.write("/out", [0, 1], [30.0, 32.0], unit="degC")
+    await api.write("/in", [0, 1], [20.0, 21.0], unit="degC")
+    r = await define(api, "/dt", '"/out" - "/in"')
+    assert r.status_code == 200, r.text
+    assert r.json()["unit"] == "delta_degC" and "difference of temperatures" in r.text
+    assert await values(api, "/dt", 0, 2) == pytest.approx([10.0, 11.0])  # not -263.15
+    r = await define(api, "/dt_f", '-("/in" - "/out")', unit="degF")
+    assert r.json()["unit"] == "delta_degF"
+    assert await values(api, "/dt_f", 0, 2) == pytest.approx([18.0, 19.8])
+    # a difference read by another virtual sensor converts to K without an offset too
+    assert (await define(api, "/dt2", '"/dt" * 2 + 1 K')).json()["unit"] == "delta_degC"
+    assert await values(api, "/dt2", 0, 2) == pytest.approx([21.0, 23.0])
+    # points on the scale stay points: a mean, a shifted reading, the hottest
+    for expr, want in [
+        ('("/out" + "/in") / 2', [25.0, 26.5]),
+        ('"/in" + 5 K', [25.0, 26.0]),
+        ('max("/out", "/in")', [30.0, 32.0]),
+    ]:
+        r = await define(api, "/point", expr)
+        assert r.json()["unit"] == "degC", (expr, r.text)
+        assert await values(api, "/point", 0, 2) == pytest.approx(want), expr
+
+
 async def test_gaps_larger_than_the_limit_stay_gaps(api: Api) -> None:
     await api.write("/g", [0, 1, 2, 8, 9, 10], [1.0, 2.0, 3.0, 9.0, 10.0, 11.0], unit="W")
     assert (await define(api, "/g2", '"/g" * 2')).status_code == 200
