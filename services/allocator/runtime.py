@@ -79,8 +79,13 @@ class AllocatorCore:
             settings.mqtt_username,
             settings.mqtt_password,
         )
+        # Every present node's predicted inlet (absent nodes have none); the layout is fixed.
+        self.node_indices: list[int] = np.flatnonzero(hall.present_mask).tolist()
+        self.node_sensors = [
+            node_sensor(hall, i, "predicted_inlet_temp") for i in self.node_indices
+        ]
         if settings.publish_nodes:
-            self.publisher.add_metadata(self._node_sensors(), "°C")
+            self.publisher.add_metadata(self.node_sensors, "°C")
         self.changed = asyncio.Event()
         self._saved = saved
 
@@ -117,10 +122,6 @@ class AllocatorCore:
             return hall
         self.model_meta = meta
         return fitted
-
-    def _node_sensors(self) -> list[str]:
-        hall = self.book.model.hall
-        return [node_sensor(hall, i, "predicted_inlet_temp") for i in range(hall.n_nodes)]
 
     # ---------------------------------------------------------------- mutations
 
@@ -208,12 +209,9 @@ class AllocatorCore:
         now = time.time_ns()
         self.publisher.offer_values(now, totals)
         if self.settings.publish_nodes:
-            hall = state.model.hall
             rel = {
-                node_sensor(hall, i, "predicted_inlet_temp")[len(HALL_SENSOR_PREFIX) + 1 :]: float(
-                    t
-                )
-                for i, t in enumerate(th.inlet_c)
+                name[len(HALL_SENSOR_PREFIX) + 1 :]: float(th.inlet_c[i])
+                for i, name in zip(self.node_indices, self.node_sensors, strict=True)
             }
             self.publisher.offer_values(now, rel, HALL_SENSOR_PREFIX)
 

@@ -21,6 +21,7 @@ from services.allocator.jobs import Job
 from services.allocator.model import HallModel
 from services.allocator.state import HallState
 from services.common import codec
+from services.common.halls.hallfile import save_hall
 from services.common.settings import Config
 from services.common.thermal import reference_hall
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
@@ -286,6 +287,25 @@ async def test_decisions_reach_a_broker_that_requires_a_login(
                 msg = await anext(aiter(sub.messages))
         assert json.loads(bytes(msg.payload))["jobid"] == r.json()["id"]  # type: ignore[arg-type]
         assert await running.metric("kelvin_allocator_mqtt_connected") == 1
+    finally:
+        await running.stop()
+
+
+async def test_absent_nodes_get_no_predicted_inlet_sensor(tmp_path: Path) -> None:
+    present = np.ones(40, bool)
+    present[39] = False
+    hall_file = save_hall(reference_hall().replace(present=present), tmp_path / "hall.yaml")
+    running = await _start(_config(tmp_path / "s", free_port(), hall_file=str(hall_file)))
+    try:
+        publisher = running.svc.core.publisher
+        meta = {m.name for m in publisher.metadata if m.name.startswith("/hall/")}
+        published: set[str] = set()
+        for topic, payload in publisher.buffer:  # no broker: the snapshot waits here
+            if topic.startswith(codec.BATCH_PREFIX) and codec.classify(topic)[1] == "/hall":
+                published |= {s.sensor for s in codec.decode_batch("/hall", payload)}
+        absent = "/hall/row1/rack4/node3/predicted_inlet_temp"
+        assert len(meta) == 39 and absent not in meta
+        assert published == meta
     finally:
         await running.stop()
 
