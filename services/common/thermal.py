@@ -88,6 +88,13 @@ class Hall:
             )
         if self.inter_row_distance < 0:
             raise HallError(f"hall {self.name!r}: inter_row_distance must be >= 0")
+        a, b, c = self.cop_coeffs
+        # Tsup' can be any temperature (below zero in a hot hall): CoP must stay positive.
+        if not (a > 0 and c - b * b / (4 * a) > 0) and not (a == b == 0 < c):
+            raise HallError(
+                f"hall {self.name!r}: cop_coeffs {list(self.cop_coeffs)}: CoP(T) = aT² + bT + c "
+                "must be positive at every T (a > 0 with c > b²/4a, or a = b = 0 < c)"
+            )
         if self.present is not None:
             p = np.asarray(self.present, dtype=bool)
             if p.shape != (n,):

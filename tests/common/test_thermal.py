@@ -123,6 +123,14 @@ def test_hall_file_with_a_matrix_and_k(tmp_path: Path) -> None:
         ({"rows": 1, "racks": 1, "slots": 1}, "exactly one of d_matrix and a_matrix"),
         ({"rows": 1, "racks": 1, "slots": 1, "d_matrix": [[0]], "supply_c": 40}, "redline_c"),
         ({"rows": 1, "racks": 1, "slots": 1, "d_matrix": "missing.txt"}, "cannot read matrix"),
+        (
+            {"rows": 1, "racks": 1, "slots": 1, "d_matrix": [[0]], "cop_coeffs": [0, 0.1, 0.5]},
+            r"cop_coeffs \[0.0, 0.1, 0.5\]: CoP\(T\) = aT² \+ bT \+ c must be positive",
+        ),
+        (
+            {"rows": 1, "racks": 1, "slots": 1, "d_matrix": [[0]], "cop_coeffs": [0, 0, 0]},
+            "must be positive at every T",
+        ),
     ],
 )
 def test_bad_hall_files_are_named_precisely(tmp_path: Path, doc: dict, message: str) -> None:
