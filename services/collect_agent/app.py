@@ -67,6 +67,7 @@ class CollectAgent(HttpService):
         self.subscriber: Subscriber | None = None
         self.rates = Rates()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._scales_loaded = asyncio.Event()
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
         install_error_handlers(app)
         app.include_router(health_router(self.metrics.service, self._ready))
@@ -121,6 +122,7 @@ class CollectAgent(HttpService):
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
+        await self._await_scales()
         if s.mqtt_enabled:
             self.mqtt = MqttServer(
                 self.ingestor,
@@ -135,6 +137,18 @@ class CollectAgent(HttpService):
         if s.broker is not None:
             self.subscriber = Subscriber(self.ingestor, self.metrics, s.broker)
             self._tasks.append(self.watch(self.subscriber.start()))
+
+    async def _await_scales(self) -> None:
+        """DCDB integers are scaled on arrival: learn the stored scales before taking any."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._scales_loaded.wait(), self.settings.scales_wait_s)
+        if not self._scales_loaded.is_set():
+            log.warning(
+                "storage did not answer within %g s: until it does, DCDB integers of sensors "
+                "whose scale only storage knows are stored unscaled (a pusher's metadata "
+                "announcement sets it)",
+                self.settings.scales_wait_s,
+            )
 
     def _tls(self) -> ssl.SSLContext | None:
         s = self.settings
@@ -172,6 +186,7 @@ class CollectAgent(HttpService):
         writer = self.writer.start()
         while not writer.done():
             await self._refresh_scales()
+            self._scales_loaded.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(writer), self.settings.metadata_refresh_s)
         await writer

@@ -104,6 +104,9 @@ class Settings(SectionSettings):
     metadata_refresh_s: float = Field(30.0, gt=0)
     """How often the sensors' scales are re-read from storage (metadata another agent
     received)."""
+    scales_wait_s: float = Field(5.0, ge=0)
+    """At start, how long to wait for storage to give the sensors' scales before taking
+    publishes (DCDB integers are scaled on arrival); storage down: start after this."""
 
     # ---------------------------------------------------------------- cache and HTTP ingest
     cache_window_s: float = Field(900.0, ge=0)
