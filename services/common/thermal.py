@@ -76,6 +76,13 @@ class Hall:
         if bool((d < 0).any()):
             i, j = np.argwhere(d < 0)[0]
             raise HallError(f"hall {self.name!r}: D must be non-negative; D[{i}, {j}] = {d[i, j]}")
+        for what in ("idle_power_w", "busy_power_w", "supply_c", "redline_c", "inter_row_distance"):
+            if not np.isfinite(getattr(self, what)):
+                raise HallError(
+                    f"hall {self.name!r}: {what} must be finite, got {getattr(self, what)}"
+                )
+        if not bool(np.isfinite(self.cop_coeffs).all()):
+            raise HallError(f"hall {self.name!r}: cop_coeffs must be finite, got {self.cop_coeffs}")
         if not self.redline_c > self.supply_c:
             raise HallError(
                 f"hall {self.name!r}: redline_c ({self.redline_c}) must exceed supply_c "

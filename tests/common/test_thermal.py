@@ -131,6 +131,10 @@ def test_hall_file_with_a_matrix_and_k(tmp_path: Path) -> None:
             {"rows": 1, "racks": 1, "slots": 1, "d_matrix": [[0]], "cop_coeffs": [0, 0, 0]},
             "must be positive at every T",
         ),
+        (
+            {"rows": 1, "racks": 1, "slots": 1, "d_matrix": [[0]], "busy_power_w": float("inf")},
+            "busy_power_w must be finite, got inf",
+        ),
     ],
 )
 def test_bad_hall_files_are_named_precisely(tmp_path: Path, doc: dict, message: str) -> None:
