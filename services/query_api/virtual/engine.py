@@ -70,6 +70,9 @@ class Engine:
         )
         self._compiled: dict[str, Compiled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._generation: dict[str, int] = {}
+        """Bumped when a sensor's results are forgotten: results computed before are
+        not stored (they may come from the definition, or inputs, it had before)."""
         self._verified: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self.memory = MemoryTier(settings.virtual_memory_points)
         self.writer = BackgroundWriter(storage, metrics)
@@ -110,11 +113,14 @@ class Engine:
         defn = await define.define(self.catalog, name, spec)
         if dry_run:
             return defn
-        if await self.catalog.virtual(name) is not None:
-            for dep in [name, *await self.dependents(name)]:
-                await self.forget(dep)
-        await self.storage.put_virtual(name, defn)
-        self.catalog.invalidate()
+        # An evaluation of ``name`` in flight finishes (and queues its store) before
+        # the results are forgotten; one of a dependent is not stored (generation).
+        async with self._lock(name):
+            if await self.catalog.virtual(name) is not None:
+                for dep in [name, *await self.dependents(name)]:
+                    await self.forget(dep)
+            await self.storage.put_virtual(name, defn)
+            self.catalog.invalidate()
         return defn
 
     async def delete(self, name: str) -> None:
@@ -125,13 +131,18 @@ class Engine:
             raise define.DefinitionError(
                 f"virtual sensor {name!r} is used by {', '.join(users)}; delete or redefine those first"
             )
-        await self.forget(name)
-        await self.storage.delete_virtual(name)
-        self.catalog.invalidate()
-        self._compiled.pop(name, None)
+        async with self._lock(name):
+            await self.forget(name)
+            await self.storage.delete_virtual(name)
+            self.catalog.invalidate()
+            self._compiled.pop(name, None)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
 
     async def forget(self, name: str) -> None:
         """Drop every result of ``name``: queued, in memory and stored."""
+        self._generation[name] = self._generation.get(name, 0) + 1
         self.writer.discard(name)
         await self.writer.flush()
         self.memory.drop_all(name)
@@ -166,6 +177,7 @@ class Engine:
                 f"virtual sensors nest deeper than {self.settings.virtual_max_depth}: "
                 f"{' -> '.join([*stack, name])}"
             )
+        generation = self._generation.get(name, 0)
         comp = await self.compiled(name)
         iv = comp.interval_ns
         # int64 times only, with room for the grid steps read before the first point
@@ -180,8 +192,7 @@ class Engine:
                 f"virtual sensor {name}: {points} grid points at {iv / 1e6:g} ms, more than "
                 f"max_points {self.settings.max_points}; narrow the range"
             )
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
+        async with self._lock(name):
             mem = self.memory.covering(name, comp.updated_ns, g0, end_ns)
             if mem is not None and await self._memory_fresh(name, comp, mem):
                 ts, vs = slice_segments(mem, g0, end_ns)
@@ -198,7 +209,7 @@ class Engine:
                 oldest = min(oldest, computed_at)
                 ts, vs = await self._compute(name, comp, a, b, stack)
                 self.metrics.virtual_computed.inc(ts.shape[0])
-                if min(b, cutoff) > a:
+                if min(b, cutoff) > a and self._generation.get(name, 0) == generation:
                     keep = ts < cutoff
                     await self.writer.submit(
                         name, a, min(b, cutoff), ts[keep], vs[keep], computed_at
@@ -214,7 +225,7 @@ class Engine:
         # costs as much as reading them back from storage): read-only from here on.
         ts.flags.writeable = vs.flags.writeable = False
         settled = min(end_ns, cutoff)
-        if settled > g0:
+        if settled > g0 and self._generation.get(name, 0) == generation:
             k = int(np.searchsorted(ts, settled, "left"))
             self.memory.put(name, Segment(g0, settled, oldest, comp.updated_ns, ts[:k], vs[:k]))
         return Series(name, ts, vs)

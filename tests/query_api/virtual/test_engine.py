@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from services.common import times
 from services.common.readings import Series
 from services.common.storage.base import StorageBackend
 from services.query_api.app import create_service
+from services.query_api.virtual.define import VirtualIn
 from services.query_api.virtual.engine import Engine
 from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
 
@@ -166,3 +168,68 @@ async def test_ranges_at_the_edge_of_int64_keep_their_grid(api: Api) -> None:
     # 00:12:44 would need 00:12:43, before int64's first ns (00:12:43.145224192)
     assert s.timestamps_ns.tolist() == [start + k * S for k in range(1, 5)]
     assert bool(np.isnan(s.values).all())
+
+
+class GatedStorage(CountingStorage):
+    """The real backend; the first read of each gated sensor waits for its release."""
+
+    def __init__(self, inner: StorageBackend, *sensors: str) -> None:
+        super().__init__(inner)
+        self.entered = {s: asyncio.Event() for s in sensors}
+        self.release = {s: asyncio.Event() for s in sensors}
+
+    async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
+        entered = self.entered.get(sensor)
+        if entered is not None and not entered.is_set():
+            entered.set()
+            await self.release[sensor].wait()
+        return await self.inner.read(sensor, start_ns, end_ns)
+
+
+class WatchedLock(asyncio.Lock):
+    """An asyncio lock that tells when a task starts waiting for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> bool:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()
+
+
+async def test_results_computed_before_a_redefinition_are_never_kept(api: Api) -> None:
+    """A dashboard query of /d (reading /x, then /b) in flight while /x is redefined:
+    neither the old /x results nor the /d results computed from them may be stored."""
+    await api.write("/a/power", np.arange(11), np.arange(11.0), unit="W")
+    await api.write("/b", np.arange(11), np.zeros(11), unit="W")
+    await api.client.put("/api/v1/virtual/x", json={"expression": '"/a/power" * 2'})
+    await api.client.put("/api/v1/virtual/d", json={"expression": '"/x" * 10 + "/b"'})
+    gated = GatedStorage(api.storage, "/a/power", "/b")
+    api.service.ctx.attach(gated)  # type: ignore[arg-type]
+    engine = api.service.ctx.virtual
+    assert isinstance(engine, Engine)
+    lock = engine._locks["/x"] = WatchedLock()
+    old = asyncio.create_task(engine.evaluate("/d", T0, T0 + 11 * S))
+    await gated.entered["/a/power"].wait()  # /d -> /x is reading /a/power
+    redefine = asyncio.create_task(engine.put("/x", VirtualIn(expression='"/a/power" * 3')))
+    # the redefinition either waits for the evaluation of /x or is done already
+    contended = asyncio.create_task(lock.contended.wait())
+    await asyncio.wait([redefine, contended], return_when=asyncio.FIRST_COMPLETED)
+    contended.cancel()
+    gated.release["/a/power"].set()
+    await gated.entered["/b"].wait()  # /d has the old /x and reads its second input
+    await redefine
+    gated.release["/b"].set()
+    assert (await old).values.tolist() == [20.0 * k for k in range(11)]  # asked before
+    await engine.writer.flush()
+    for name in ("/x", "/d"):
+        stored = await api.storage.read_virtual_results(name, T0, T0 + 11 * S)
+        assert stored.covered == [], name
+    want = [30.0 * k for k in range(11)]
+    assert (await engine.evaluate("/d", T0, T0 + 11 * S)).values.tolist() == want
+    api.service.ctx.attach(api.storage)  # a fresh engine: what storage holds now
+    fresh = api.service.ctx.virtual
+    assert isinstance(fresh, Engine)
+    assert (await fresh.evaluate("/d", T0, T0 + 11 * S)).values.tolist() == want
