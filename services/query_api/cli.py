@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from services.common.cli_util import SubParsers
 from services.common.errors import ConfigError
-from services.query_api.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, Client
+from services.query_api.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, ApiError, Client
 
 
 def connection(p: argparse.ArgumentParser) -> None:
@@ -75,7 +76,8 @@ def register(sub: SubParsers, groups: dict[str, Any]) -> None:
 
 def _cmd_csvimport(args: argparse.Namespace) -> int:
     """Send the file in chunks of ``--chunk-lines`` rows, each with the header."""
-    total = sensors = 0
+    total = 0
+    first = 2  # the file line of the chunk's first row (line 1 is the header)
     with client_of(args) as client, open(args.file, encoding="utf-8-sig", newline="") as fh:
         header = fh.readline()
         if not header.strip():
@@ -86,17 +88,33 @@ def _cmd_csvimport(args: argparse.Namespace) -> int:
                 break
             body = (header + "".join(lines)).encode()
             params = {"prefix": args.prefix} if args.prefix else {}
-            out = client.request(
-                "POST",
-                "/api/v1/import",
-                content=body,
-                params=params,
-                headers={"Content-Type": "text/csv"},
-            )
+            try:
+                out = client.request(
+                    "POST",
+                    "/api/v1/import",
+                    content=body,
+                    params=params,
+                    headers={"Content-Type": "text/csv"},
+                )
+            except ApiError as exc:
+                raise ApiError(
+                    f"{args.file}: {_in_file(str(exc), first)} (the chunk from line {first} "
+                    f"was not imported; {total} readings before it were)"
+                ) from None
             total += int(out["imported"])
-            sensors = max(sensors, int(out["sensors"]))
+            first += len(lines)
     print(f"imported {total} readings from {args.file}", file=sys.stderr)
     return 0
+
+
+def _in_file(message: str, first: int) -> str:
+    """The server numbers the lines of one chunk (its header is line 1): renumber as in the file."""
+
+    def renumber(m: re.Match[str]) -> str:
+        n = int(m.group(1))
+        return f"line {n if n == 1 else first + n - 2}"
+
+    return re.sub(r"\bline (\d+)", renumber, message, count=1)
 
 
 def register_csvimport(sub: SubParsers) -> None:

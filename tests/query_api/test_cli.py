@@ -144,3 +144,10 @@ async def test_csvimport_wide_layout_and_bad_rows(api: Api, kelvin, tmp_path: Pa
     rc, _, err = await kelvin("csvimport", str(bad))
     assert rc == 1 and "line 3" in err and "'abc' is not a number" in err
     assert not await api.storage.has_sensor("/w/z")  # nothing half-written
+    rows = [f"/w/c,2026-05-28T20:26:4{k}Z,{k}" for k in range(5)]
+    rows[3] = "/w/c,2026-05-28T20:26:43Z,oops"  # file line 5, line 3 of the second chunk
+    bad.write_text("Sensor,Time,Value\n" + "\n".join(rows) + "\n")
+    rc, _, err = await kelvin("csvimport", str(bad), "--chunk-lines", "2")
+    assert rc == 1 and "line 5: value 'oops' is not a number" in err, err
+    assert "the chunk from line 4 was not imported; 2 readings before it were" in err
+    assert (await api.storage.read("/w/c", 0, 2**62)).values.tolist() == [0.0, 1.0]
