@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from services.allocator.closed_loop import sensor_names
 from services.allocator.engine import Allocator, current
 from services.allocator.jobs import Job, JobBook
 from services.allocator.metrics import AllocatorMetrics
@@ -81,6 +82,8 @@ class AllocatorCore:
         )
         # Every present node's predicted inlet (absent nodes have none); the layout is fixed.
         self.node_indices: list[int] = np.flatnonzero(hall.present_mask).tolist()
+        # Its measured power and inlet sensors (sensor_map), for the console and calibration.
+        self.measured = sensor_names(hall, settings.sensor_map)
         self.node_sensors = [
             node_sensor(hall, i, "predicted_inlet_temp") for i in self.node_indices
         ]
@@ -219,6 +222,8 @@ class AllocatorCore:
         state = self.book.state
         hall = state.model.hall
         th = current(state)
+        inlet = dict(zip(self.node_indices, self.measured["inlet_temp"], strict=True))
+        power = dict(zip(self.node_indices, self.measured["power"], strict=True))
         nodes = [
             {
                 "index": i,
@@ -230,6 +235,8 @@ class AllocatorCore:
                 "job": state.owner[i],
                 "power_w": float(state.powers_w[i]),
                 "predicted_tin_c": float(th.inlet_c[i]),
+                "inlet_sensor": inlet.get(i),
+                "power_sensor": power.get(i),
             }
             for i, p in enumerate(state.model.pos.tolist())
         ]

@@ -87,6 +87,6 @@ class Settings(SectionSettings):
     api_token: str | None = None
     """Bearer token required by the mutating endpoints (None = open, for development)."""
     sensor_map: dict[str, Any] | None = None
-    """Calibration: {power: TEMPLATE|[names], inlet_temp: ...}; None = the default node sensors."""
+    """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...}, read by calibration and shown by the console's hall view; None = the default node sensors."""
     job_stream: JobStream = JobStream()
     """The seeded demo job generator."""

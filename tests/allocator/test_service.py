@@ -21,6 +21,7 @@ from services.allocator.jobs import Job
 from services.allocator.model import HallModel
 from services.allocator.state import HallState
 from services.common import codec
+from services.common.errors import ConfigError
 from services.common.halls.hallfile import save_hall
 from services.common.settings import Config
 from services.common.thermal import reference_hall
@@ -289,6 +290,20 @@ async def test_decisions_reach_a_broker_that_requires_a_login(
         assert await running.metric("kelvin_allocator_mqtt_connected") == 1
     finally:
         await running.stop()
+
+
+async def test_the_hall_names_each_nodes_measured_sensors(tmp_path: Path) -> None:
+    """The console reads measured inlets under these names: the sensor map's, else the default."""
+    site = {"inlet_temp": "/dc/r{row}/k{rack}/n{slot}/tin"}
+    running = await _start(_config(tmp_path / "s", free_port(), sensor_map=site))
+    try:
+        node = (await running.http.get("/api/v1/hall")).json()["nodes"][34]
+        assert node["inlet_sensor"] == "/dc/r1/k3/n2/tin"
+        assert node["power_sensor"] == "/hall/row1/rack3/node2/power"
+    finally:
+        await running.stop()
+    with pytest.raises(ConfigError, match="sensor map: power: expected a template string"):
+        create_service(_config(tmp_path / "t", free_port(), sensor_map={"power": 7}))
 
 
 async def test_absent_nodes_get_no_predicted_inlet_sensor(tmp_path: Path) -> None:

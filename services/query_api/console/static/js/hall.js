@@ -49,7 +49,8 @@ export class HallView {
       return;
     }
     try {
-      this.measured = await latestMatching(this.inletPattern(hall), `now-${STALE_S * 2}s`);
+      const pattern = this.inletPattern(hall);
+      this.measured = pattern ? await latestMatching(pattern, `now-${STALE_S * 2}s`) : new Map();
     } catch (exc) {
       this.measured = new Map();
       this.setStatus(`Measured inlet temperatures unavailable: ${exc.detail}`, "warn");
@@ -85,9 +86,18 @@ export class HallView {
     return n.power_sensor || `/hall/row${n.row}/rack${n.rack}/node${n.slot}/power`;
   }
 
+  // One pattern for every node's inlet sensor (one query for all): the levels the names
+  // share, "*" where they differ; "/**" then the last level when their depths differ;
+  // null (no measured view) when not even that is shared.
   inletPattern(hall) {
-    const n = hall.nodes[0];
-    return n?.inlet_sensor ? n.inlet_sensor.replace(/\/[^/]+\/[^/]+\/[^/]+\/([^/]+)$/, "/*/*/*/$1") : "/hall/*/*/*/inlet_temp";
+    const parts = hall.nodes.filter((n) => n.present !== false).map((n) => this.inletSensor(n).split("/"));
+    if (!parts.length) return "/hall/*/*/*/inlet_temp";
+    const [first] = parts;
+    if (parts.every((p) => p.length === first.length)) {
+      return first.map((seg, k) => (parts.every((p) => p[k] === seg) ? seg : "*")).join("/");
+    }
+    const last = first[first.length - 1];
+    return parts.every((p) => p[p.length - 1] === last) ? `/**/${last}` : null;
   }
 
   /** Geometry: rows top to bottom, a cold aisle at each front, a hot aisle between facing rows. */
