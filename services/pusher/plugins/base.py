@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 from services.common import names
@@ -90,6 +90,17 @@ class GroupOptions(SensorOptions):
     """Readings per sensor accumulated before they are handed to the publisher."""
     timeout_ms: int | None = Field(None, ge=1)
     """Abandon a read after this long (default: the interval)."""
+
+    @field_validator("min_values")
+    @classmethod
+    def _fits_the_queue(cls, v: int, info: ValidationInfo) -> int:
+        queue = info.data.get("queue_size")
+        if queue is not None and v > queue:
+            raise ValueError(
+                f"minValues {v} exceeds queueSize {queue}: the queue would drop every reading "
+                "before handing any over"
+            )
+        return v
 
 
 class PluginConfig(GroupOptions):
