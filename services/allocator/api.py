@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import numpy as np
@@ -129,7 +130,9 @@ def router(core: AllocatorCore) -> APIRouter:
     async def put_model(body: ModelIn) -> Any:
         try:
             d = np.asarray(body.d_matrix, dtype=np.float64)
-            core.set_model(d, {"source": body.source, "fit": body.fit, "updated_ns": _now()})
+            core.set_model(
+                d, {"source": body.source, "fit": body.fit, "updated_ns": time.time_ns()}
+            )
         except ValueError as exc:
             counted.labels("model").inc()
             return _problem(422, "bad_model", f"d_matrix: {exc}")
@@ -141,12 +144,6 @@ def router(core: AllocatorCore) -> APIRouter:
         return core.model_meta
 
     return r
-
-
-def _now() -> int:
-    import time
-
-    return time.time_ns()
 
 
 def install_validation_counter(app: FastAPI, core: AllocatorCore) -> None:
