@@ -140,7 +140,7 @@ async def test_storage_unreachable_at_start_spools_until_it_opens(tmp_path: Path
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the database directory should be")
     storage = FlakyStorage(blocker / "k.sqlite")
-    agent = await start(tmp_path, storage)
+    agent = await start(tmp_path, storage, scales_wait_s=0)  # no scales to wait for here
     try:
         assert agent.mqtt_port
         async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
