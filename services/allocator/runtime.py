@@ -65,9 +65,8 @@ class AllocatorCore:
         saved = self.store.load_state()
         policy = settings.policy
         if saved and saved.get("configured_policy") == settings.policy and saved.get("policy"):
-            policy = str(
-                saved["policy"]
-            )  # set through the API since; the configuration is unchanged
+            # set through the API since; the configuration is unchanged
+            policy = str(saved["policy"])
         self.allocator = Allocator(policy, options, settings.min_mttf_years, settings.runner_ups)
         self.book = JobBook(HallModel(hall), self.allocator, settings.history)
         self.book.listeners.append(self._on_job)
