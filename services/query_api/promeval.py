@@ -177,13 +177,11 @@ def over_time(
     has = n > 0
     if not bool(has.any()):
         return out
-    csum = np.concatenate([[0.0], np.cumsum(vs)])
     if name == "count_over_time":
         out[has] = n[has]
-    elif name == "sum_over_time":
-        out[has] = (csum[hi] - csum[lo])[has]
-    elif name == "avg_over_time":
-        out[has] = ((csum[hi] - csum[lo]) / np.maximum(n, 1))[has]
+    elif name in ("sum_over_time", "avg_over_time"):
+        sums = _window_sums(vs, lo, hi)
+        out[has] = (sums if name == "sum_over_time" else sums / np.maximum(n, 1))[has]
     elif name == "last_over_time":
         out[has] = vs[hi[has] - 1]
     elif name in ("min_over_time", "max_over_time"):
@@ -201,6 +199,25 @@ def over_time(
     else:
         out = _extrapolated(name, ts, vs, steps, rng, lo, hi)
     return out
+
+
+def _window_sums(vs: Float64Array, lo: Int64Array, hi: Int64Array) -> Float64Array:
+    """Sums of ``vs[lo:hi]`` per window through prefix sums; an infinity counts only in
+    the windows that hold it (a prefix sum would carry it, as NaN, into every later one)."""
+    finite = np.isfinite(vs)
+
+    def prefix(x: Float64Array) -> Float64Array:
+        return np.concatenate([[0.0], np.cumsum(x)])
+
+    if bool(finite.all()):
+        c = prefix(vs)
+        return c[hi] - c[lo]
+    c = prefix(np.where(finite, vs, 0.0))
+    sums = c[hi] - c[lo]
+    pos, neg = prefix(vs == np.inf), prefix(vs == -np.inf)
+    up, down = pos[hi] - pos[lo] > 0, neg[hi] - neg[lo] > 0
+    with np.errstate(invalid="ignore"):
+        return np.where(up, np.inf, 0.0) + np.where(down, -np.inf, 0.0) + sums
 
 
 def _extrapolated(
