@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import JSONResponse
 
 from services.allocator import experiments, simulator
 from services.allocator.app import create_service
@@ -23,9 +21,11 @@ from services.allocator.calibrate import (
     synthetic_samples,
 )
 from services.allocator.closed_loop import sensor_names
-from services.common.http import HttpServer
+from services.common.readings import Batch
 from services.common.settings import Config
 from services.common.thermal import Float64Array, reference_hall
+from services.query_api.app import QueryApiService
+from services.query_api.app import create_service as create_query_api
 from tests.allocator.kelvin_cli import kelvin
 from tests.support.servers import free_port
 
@@ -123,33 +123,20 @@ def test_standard_errors_estimate_the_error_without_the_true_d() -> None:
     assert expected["weak_nodes"] == [7, 23]
 
 
-def _query_api(series: dict[str, tuple[Any, Any]]) -> FastAPI:
-    """A stand-in for the query API's readings endpoint (its contract, served from memory).
-
-    The real query API is built in parallel; this serves the documented shape
-    so the calibration's HTTP client is exercised for real.
-    """
-    app = FastAPI()
-
-    @app.get("/api/v1/readings")
-    async def readings(sensor: str, start: int, end: int, format: str = "json") -> JSONResponse:
-        if sensor not in series:
-            raise HTTPException(404, f"unknown sensor {sensor}")
-        ts, vs = series[sensor]
-        keep = (ts >= start) & (ts < end)
-        return JSONResponse(
-            {
-                "sensor": sensor,
-                "unit": "W" if sensor.endswith("power") else "°C",
-                "start_ns": start,
-                "end_ns": end,
-                "count": int(keep.sum()),
-                "timestamps_ns": ts[keep].tolist(),
-                "values": vs[keep].tolist(),
-            }
-        )
-
-    return app
+async def _query_api_with(tmp_path: Path, series: dict[str, tuple[Any, Any]]) -> QueryApiService:
+    """A real query API over a fresh SQLite file holding ``series`` (name -> (ns, values))."""
+    cfg = Config(
+        overrides={
+            "query_api": {"host": "127.0.0.1", "port": 0},
+            "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+        }
+    )
+    svc = create_query_api(cfg)
+    await svc.start()
+    assert svc.storage is not None
+    for name, (ts, vs) in series.items():
+        await svc.storage.write(Batch.single(name, ts, vs))
+    return svc
 
 
 async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Path) -> None:
@@ -161,8 +148,7 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
     names = sensor_names(hall)
     series = {n: (ts, samples.powers_w[:, i]) for i, n in enumerate(names["power"])}
     series |= {n: (ts, samples.inlet_c[:, i]) for i, n in enumerate(names["inlet_temp"])}
-    query = HttpServer(_query_api(series), "127.0.0.1", 0, "stand-in query API")
-    await query.start()
+    query = await _query_api_with(tmp_path, series)
     cfg = Config()
     for key, value in {
         "host": "127.0.0.1",
