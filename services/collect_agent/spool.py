@@ -335,9 +335,12 @@ class Spool:
         """The record's content, read back from disk if it was not kept in memory."""
         if entry.item is not None:
             return entry.item
+        return fmt.decode(await self.read_body(entry))
+
+    async def read_body(self, entry: Entry) -> bytes:
+        """The record's encoded body as it is on disk."""
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(self._io, self._pread, entry)
-        return fmt.decode(body)
+        return await loop.run_in_executor(self._io, self._pread, entry)
 
     @staticmethod
     def _pread(entry: Entry) -> bytes:

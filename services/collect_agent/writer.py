@@ -4,9 +4,10 @@ Consecutive readings records are concatenated into one storage write of up to
 ``batch_readings`` readings (columnar backends want them large). A failing
 storage is retried with exponential back-off for as long as it fails — the
 spool grows meanwhile and the ingest side applies back-pressure at the quota.
-Only a record that storage rejects *permanently* (retrying cannot help) is set
-aside: its readings go to ``quarantine.wal`` in the spool directory, counted
-and logged, never silently lost.
+Only a record that storage rejects *permanently* (retrying cannot help), or
+that no longer decodes from the spool file (damaged on disk), is set aside: it
+goes to ``quarantine.wal`` in the spool directory, counted and logged, never
+silently lost.
 """
 
 from __future__ import annotations
@@ -131,7 +132,14 @@ class Writer:
     async def _store(self, entries: list[Entry], isolate: bool) -> None:
         pending: list[Batch] = []
         for e in entries:
-            item = await self.spool.load(e)
+            try:
+                item = await self.spool.load(e)
+            except Exception as exc:  # damaged on disk: set aside, or it stalls everything after
+                if not isolate or isinstance(exc, OSError):
+                    raise
+                body = await self.spool.read_body(e)
+                self._set_aside(body, e.readings, f"spool record {e.seq} does not decode", exc)
+                continue
             if isinstance(item, Batch):
                 pending.append(item)
                 continue
@@ -191,17 +199,16 @@ class Writer:
 
     def _quarantine(self, item: Item, exc: Exception) -> None:
         if isinstance(item, Batch):
-            body = fmt.encode_readings(item)
-            self.metrics.quarantined.inc(len(item))
+            body, readings = fmt.encode_readings(item), len(item)
         elif isinstance(item, SensorMetadata):
-            body = fmt.encode_metadata(item)
+            body, readings = fmt.encode_metadata(item), 0
         else:
-            body = fmt.encode_job(item)
+            body, readings = fmt.encode_job(item), 0
+        what = item.sensors[0] if isinstance(item, Batch) else type(item).__name__
+        self._set_aside(body, readings, f"storage refused {what} permanently", exc)
+
+    def _set_aside(self, body: bytes, readings: int, what: str, exc: Exception) -> None:
         with open(self.quarantine_path, "ab") as f:
             f.write(fmt.frame(0, body))
-        log.error(
-            "storage refused %s permanently (%s); kept in %s",
-            item.sensors[0] if isinstance(item, Batch) else type(item).__name__,
-            exc,
-            self.quarantine_path,
-        )
+        self.metrics.quarantined.inc(readings)
+        log.error("%s (%s); kept in %s", what, exc, self.quarantine_path)

@@ -15,7 +15,11 @@ import httpx
 import numpy as np
 
 from benchmarks.loadgen_mqtt import dcdb_packets, publish
+from services.collect_agent import spool_format as fmt
 from services.collect_agent.app import CollectAgent
+from services.collect_agent.metrics import AgentMetrics
+from services.collect_agent.spool import Entry, Spool
+from services.collect_agent.writer import Writer
 from services.common import codec
 from services.common.errors import PermanentStorageError, RetryableStorageError
 from services.common.readings import Batch
@@ -124,8 +128,6 @@ async def test_permanently_refused_series_is_quarantined_others_stored(tmp_path:
         assert (await storage.read("/p/good", 0, 2**62)).values.tolist() == [1.0, 4.0]
         registry = agent.metrics.service.registry
         assert registry.get_sample_value("kelvin_collect_agent_quarantined_readings_total") == 2
-        from services.collect_agent import spool_format as fmt
-
         records, _ = fmt.scan((agent.spool.dir / "quarantine.wal").read_bytes())
         data = (agent.spool.dir / "quarantine.wal").read_bytes()
         kept = [fmt.decode(data[at : at + n]) for _, at, n in records]
@@ -134,6 +136,40 @@ async def test_permanently_refused_series_is_quarantined_others_stored(tmp_path:
         ]
     finally:
         await agent.stop()
+
+
+def damage(entry: Entry) -> None:
+    """Overwrite a spooled record's kind byte on disk: its body no longer decodes."""
+    with open(entry.segment, "r+b") as f:
+        f.seek(entry.offset)
+        f.write(b"X")
+
+
+async def test_a_spool_record_damaged_on_disk_is_set_aside_and_the_rest_stored(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool", memory_bytes=0)  # every record is read back from disk
+    await spool.open()
+    batches = [Batch.single(f"/d/s{i}", [TS0, TS0 + 1], [i, i + 0.5]) for i in range(3)]
+    for b in batches:
+        await spool.append([(b, fmt.encode_readings(b))])
+    damage(spool.peek(10**9)[1])
+    storage = SqliteStorage(SqliteSettings(path=tmp_path / "k.sqlite"))
+    await storage.open()
+    metrics = AgentMetrics()
+    writer = Writer(spool, storage, metrics, retry_max_s=0.01)
+    writer.start()
+    await spool.wait_empty()
+    await writer.stop()
+    assert [len(await storage.read(f"/d/s{i}", 0, 2**62)) for i in range(3)] == [2, 0, 2]
+    assert (
+        metrics.service.registry.get_sample_value("kelvin_collect_agent_quarantined_readings_total")
+        == 2
+    )
+    records, _ = fmt.scan(writer.quarantine_path.read_bytes())
+    assert len(records) == 1
+    await storage.close()
+    await spool.close()
 
 
 async def test_storage_unreachable_at_start_spools_until_it_opens(tmp_path: Path) -> None:
