@@ -192,12 +192,14 @@ class InfluxStorage(StorageBackend):
             batch.values,
         )
         # The log line goes first: if the write fails half-way, modified_since
-        # still (conservatively) reports it.
+        # still (conservatively) reports it. A batch of several requests logs itself
+        # again with its last one: a reader that computed virtual results from the
+        # first parts must find a write newer than its computation.
         step = self.settings.write_lines
         rp = self.settings.retention_policy
         for i in range(0, len(text), step):
             part = "".join(text[i : i + step])
-            if i == 0:
+            if i == 0 or i + step >= len(text):
                 part = self._log_line(batch) + part
             await self.http.write(part.encode(), rp)
         self.metrics.written.labels(self.kind).inc(len(batch))

@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.errors import PermanentStorageError, RetryableStorageError
-from services.common.readings import Batch
+from services.common.readings import Batch, Series
 from services.common.sensors import SensorMetadata
 from services.common.storage.influx_protocol import (
     SENTINELS,
@@ -268,3 +269,27 @@ async def test_v2_buckets_are_created_when_create_database_is_refused() -> None:
     assert set(bodies) == {"kelvin/autogen", "kelvin/short"}  # catalog and readings
     assert bodies["kelvin/short"]["retentionRules"][0]["everySeconds"] == 2 * 86400
     assert not bodies["kelvin/autogen"].get("retentionRules")
+
+
+async def test_a_batch_of_several_requests_logs_its_last_one_too(
+    influx_servers: list[InfluxDB], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that computed virtual results between the requests of one batch must
+    find that batch in ``modified_since`` of its computation time."""
+    backend = InfluxStorage(influx_servers[0].settings("partsdb", write_lines=100))
+    await backend.open()
+    marks: list[int] = []
+    send = backend.http.write
+
+    async def write_then_mark(body: bytes, rp: str | None = None, strict: bool = False) -> None:
+        await send(body, rp, strict)
+        marks.append(time.time_ns())  # a reader computing now has seen this part only
+
+    monkeypatch.setattr(backend.http, "write", write_then_mark)
+    ts = T0 + np.arange(150, dtype=np.int64) * 10**9
+    await backend.write(Batch.from_series([Series("/p/a", ts, ts / 1e9), Series("/p/b", ts, ts)]))
+    assert len(marks) == 3  # 300 lines in requests of 100
+    for mark in marks[:-1]:
+        assert await backend.modified_since(["/p/a", "/p/b"], mark) == {"/p/a": T0, "/p/b": T0}
+    assert await backend.modified_since(["/p/a", "/p/b"], marks[-1]) == {}
+    await backend.close()
