@@ -306,6 +306,9 @@ def test_ingest_health_shows_live_rates(
         "() => /^[1-9][0-9,]* \\/s$/.test(document.querySelector('#ingest-cards .card .v')?.textContent || '')"
     )
     assert "readings/s" in pg.locator("#ingest-badge").inner_text()
+    # The rate chart is a named image to assistive technology (a bare div's label is not read).
+    rates = pg.get_by_role("img", name="Readings received and written per second")
+    expect(rates.locator("canvas")).to_have_count(1)
     assert "ok" in (pg.locator("#ingest-badge").get_attribute("class") or "")
     pg.screenshot(path=str(artifacts_dir / "console-ingest.png"))
     assert problems.items == []
