@@ -181,8 +181,9 @@ class StorageBackend(ABC):
     @abstractmethod
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         """For sensors written to after wall-clock ``since_ns``: the smallest reading
-        timestamp among those writes. Lets the query API find late data that
-        invalidates stored virtual results.
+        timestamp among those writes (a :meth:`delete_range` counts as a write from
+        its start). Lets the query API find late data that invalidates stored
+        virtual results.
 
         Conservative: a backend may report a timestamp earlier than the true one
         (by at most a few seconds, or each sensor's earliest reading when
@@ -204,7 +205,10 @@ class StorageBackend(ABC):
     @abstractmethod
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
         """Delete readings of one sensor in a range; returns how many stored points
-        were removed (or -1 if the backend cannot tell)."""
+        were removed (or -1 if the backend cannot tell). Logged for
+        :meth:`modified_since`, so virtual results computed from the deleted
+        readings are recomputed; truncation and retention are not (results over
+        readings aged out stay as history)."""
 
     @abstractmethod
     async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:

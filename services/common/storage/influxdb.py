@@ -174,7 +174,9 @@ class InfluxStorage(StorageBackend):
         nonempty = np.flatnonzero(counts)
         mins = np.minimum.reduceat(batch.timestamps_ns, batch.offsets[:-1][nonempty])
         hashes = np.array(self._cached(self._hashes, ic.name_hash, batch.sensors), np.int64)
-        hashes = hashes[nonempty]
+        return self._log_point(hashes[nonempty], mins)
+
+    def _log_point(self, hashes: Int64Array, mins: Int64Array) -> str:
         now = max(time.time_ns(), self._last_log_ns + 1)  # unique per writer
         self._last_log_ns = now
         summary = ic.summarise(hashes, mins)
@@ -338,14 +340,24 @@ class InfluxStorage(StorageBackend):
 
     # ------------------------------------------------------------------ retention
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
-        a, b = max(start_ns, MIN_TIME_NS), min(end_ns, MAX_TIME_NS + 1)
-        if a < b:
-            await self.http.query(
-                f'DELETE FROM "{self.m}" WHERE "sensor" = {string_literal(tag_value(sensor))} '
-                f"AND time >= {a} AND time < {b}",
-                mutate=True,
-            )
+        a = await self._delete_readings(sensor, start_ns, end_ns)
+        if a is not None:  # logged as a write from a on: virtual results from it go stale
+            hashes = np.array([ic.name_hash(sensor)], np.int64)
+            line = self._log_point(hashes, np.array([a], np.int64))
+            await self.http.write(line.encode(), self.settings.retention_policy)
         return -1
+
+    async def _delete_readings(self, sensor: str, start_ns: int, end_ns: int) -> int | None:
+        """Delete without logging; returns the start of the range deleted (None: empty)."""
+        a, b = max(start_ns, MIN_TIME_NS), min(end_ns, MAX_TIME_NS + 1)
+        if a >= b:
+            return None
+        await self.http.query(
+            f'DELETE FROM "{self.m}" WHERE "sensor" = {string_literal(tag_value(sensor))} '
+            f"AND time >= {a} AND time < {b}",
+            mutate=True,
+        )
+        return a
 
     async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:
         where = "" if prefix == "/" else f'"sensor" =~ {prefix_regex(prefix)} AND '
@@ -359,7 +371,9 @@ class InfluxStorage(StorageBackend):
     async def apply_retention(self, now_ns: int) -> int:
         for meta in await self.list_metadata("/"):
             if meta.ttl_ms:
-                await self.delete_range(meta.name, MIN_TIME_NS, now_ns - meta.ttl_ms * 1_000_000)
+                await self._delete_readings(
+                    meta.name, MIN_TIME_NS, now_ns - meta.ttl_ms * 1_000_000
+                )
         await self._prune_write_log()
         return -1
 

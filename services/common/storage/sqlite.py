@@ -52,7 +52,7 @@ from services.common.storage.sqlite_reader import (
     staged_pieces,
 )
 from services.common.storage.sqlite_schema import SCHEMA_VERSION, ensure_schema
-from services.common.storage.sqlite_writer import ChunkStore, prune_writes
+from services.common.storage.sqlite_writer import ChunkStore, log_delete, prune_writes
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -417,7 +417,14 @@ class SqliteStorage(StorageBackend):
         return removed
 
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:
-        return await self._write("delete", lambda c: self._delete(c, [(sensor, start_ns, end_ns)]))
+        def tx(con: sqlite3.Connection) -> int:
+            removed = self._delete(con, [(sensor, start_ns, end_ns)])
+            found = self.store.sensor_id(con, sensor)
+            if removed and found is not None:
+                log_delete(con, found[0], max(start_ns, _MIN_I64), time.time_ns())
+            return removed
+
+        return await self._write("delete", tx)
 
     async def truncate_before(self, ts_ns: int, prefix: str = "/") -> int:
         def tx(con: sqlite3.Connection) -> int:

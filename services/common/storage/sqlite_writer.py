@@ -384,6 +384,17 @@ class ChunkStore:
         return removed
 
 
+def log_delete(con: sqlite3.Connection, sid: int, start_ns: int, now_ns: int) -> None:
+    """Log a deletion from ``start_ns`` on as a write of ``sid`` (``modified_since``
+    reports it, so virtual results computed from the deleted readings go stale).
+    Deletions take negative ``seq`` values, which staged writes never have."""
+    seq = con.execute("SELECT MIN(0, COALESCE(MIN(seq), 0)) - 1 FROM writes").fetchone()[0]
+    con.execute(
+        "INSERT INTO writes VALUES (?,?,?,?,?)",
+        (seq, now_ns, start_ns, pack_ids(np.array([sid], np.int64)), zlib.compress(b"", 1)),
+    )
+
+
 def prune_writes(con: sqlite3.Connection, cutoff_ns: int) -> None:
     """Drop the write log before ``cutoff_ns``, remembering the newest write dropped."""
     row = con.execute("SELECT MAX(written_at) FROM writes WHERE written_at < ?", (cutoff_ns,))

@@ -295,6 +295,25 @@ async def test_modified_since_reports_earliest_late_write(backend: StorageBacken
     assert await backend.modified_since(["/ms/a"], time.time_ns()) == {}
 
 
+async def test_modified_since_reports_a_deleted_range(backend: StorageBackend) -> None:
+    await backend.write(Batch.single("/md/a", at(*range(10)), np.arange(10.0)))
+    await backend.write(Batch.single("/md/b", at(*range(10)), np.arange(10.0)))
+    mark = time.time_ns()
+    await backend.delete_range("/md/a", T0 + 4 * S, T0 + 6 * S)
+    await backend.delete_range("/md/b", T0 + 50 * S, T0 + 60 * S)  # nothing there
+    got = await backend.modified_since(["/md/a", "/md/b"], mark)
+    assert got.get("/md/a") == T0 + 4 * S
+    if backend.kind == "sqlite":  # it counts what it deletes, so it logs only a deletion
+        assert "/md/b" not in got
+    mark = time.time_ns()
+    await backend.truncate_before(T0 + 2 * S, prefix="/md")
+    await backend.put_metadata(SensorMetadata(name="/md/a", ttl_ms=1))
+    await backend.apply_retention(T0 + 3 * S)
+    left = await backend.read("/md/a", T0, T0 + 99 * S)
+    assert left.timestamps_ns.tolist() == at(3, 6, 7, 8, 9).tolist()
+    assert await backend.modified_since(["/md/a", "/md/b"], mark) == {}
+
+
 async def test_jobs_start_then_end(backend: StorageBackend) -> None:
     start = JobRecord(job_id="42", user_id="ada", start_ns=T0, nodes=("/n/1", "/n/2"))
     other = JobRecord(job_id="43", start_ns=T0 + 500 * S, end_ns=T0 + 600 * S, nodes=("/n/3",))

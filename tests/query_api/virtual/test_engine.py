@@ -125,6 +125,17 @@ async def test_late_data_invalidates_affected_results(api: Api, counting: Counti
     assert metric(m, "kelvin_query_api_virtual_invalidations_total") >= 1
 
 
+async def test_deleting_input_readings_invalidates_results(api: Api) -> None:
+    await mixed_inputs(api)
+    await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
+    before = await get(api, "/pue", 0, 11)
+    await api.storage.delete_range("/b/power", T0 + 4 * S, T0 + 5 * S)  # its 0.1 kW at t=4
+    after = await get(api, "/pue", 0, 11)
+    # /b/power now runs straight from 400 W at t=2 to 300 W at t=6
+    assert after[3:6] == pytest.approx([(130 + 375) / 100, (140 + 350) / 100, (150 + 325) / 100])
+    assert after[:3] == before[:3] and after[6:] == before[6:]
+
+
 async def test_recent_results_are_not_stored_until_they_settle(tmp_path: Path) -> None:
     svc = create_service(make_config(tmp_path, virtual_settle_s=3600))
     await svc.start()
