@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -47,6 +48,19 @@ class Api:
         await self.storage.write(Batch.single(sensor, ts, values))
         if unit is not None:
             await self.storage.put_metadata(SensorMetadata(name=sensor, unit=unit))
+
+    async def values(self, sensor: str, start_s: float = 0, end_s: float = 11) -> list[Any]:
+        """``GET /api/v1/readings`` of ``[T0 + start_s, T0 + end_s)``: the JSON values."""
+        r = await self.client.get(
+            "/api/v1/readings",
+            params={
+                "sensor": sensor,
+                "start": str(T0 + int(start_s * S)),
+                "end": str(T0 + int(end_s * S)),
+            },
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["values"]  # type: ignore[no-any-return]
 
 
 PUE = '("/a/power" + "/b/power") / "/it/power"'

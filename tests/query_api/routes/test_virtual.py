@@ -18,21 +18,6 @@ async def define(api: Api, name: str, expression: str, **extra: Any) -> httpx.Re
     )
 
 
-async def values(
-    api: Api, sensor: str, start_s: float = 0, end_s: float = 11
-) -> list[float | None]:
-    r = await api.client.get(
-        "/api/v1/readings",
-        params={
-            "sensor": sensor,
-            "start": str(T0 + int(start_s * S)),
-            "end": str(T0 + int(end_s * S)),
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["values"]  # type: ignore[no-any-return]
-
-
 async def test_mixed_rates_and_units_hand_computed(api: Api) -> None:
     await mixed_inputs(api)
     r = await define(api, "/pue", PUE)
@@ -45,7 +30,7 @@ async def test_mixed_rates_and_units_hand_computed(api: Api) -> None:
     # b (W):  200   300   400   250   100   200   300   300   300   400   500  (odd t interpolated)
     # it (W): 100 everywhere
     expected = [3.0, 4.1, 5.2, 3.8, 2.4, 3.5, 4.6, 4.7, 4.8, 5.9, 7.0]
-    assert await values(api, "/pue") == pytest.approx(expected)
+    assert await api.values("/pue") == pytest.approx(expected)
 
 
 async def test_declared_unit_numbers_with_units_and_conversions(api: Api) -> None:
@@ -53,7 +38,7 @@ async def test_declared_unit_numbers_with_units_and_conversions(api: Api) -> Non
     r = await define(api, "/total", '"/a/power" + "/b/power" + 1.5 kW', unit="kW")
     assert r.status_code == 200, r.text
     # t=0: 100 W + 200 W + 1500 W = 1.8 kW; t=1: 110 + 300 + 1500 = 1.91 kW
-    assert (await values(api, "/total", 0, 2)) == pytest.approx([1.8, 1.91])
+    assert (await api.values("/total", 0, 2)) == pytest.approx([1.8, 1.91])
     r = await api.client.get(
         "/api/v1/readings", params={"sensor": "/total@W", "start": str(T0), "end": str(T0 + S)}
     )
@@ -66,13 +51,13 @@ async def test_differences_of_temperatures_carry_no_offset(api: Api) -> None:
     r = await define(api, "/dt", '"/out" - "/in"')
     assert r.status_code == 200, r.text
     assert r.json()["unit"] == "delta_degC" and "difference of temperatures" in r.text
-    assert await values(api, "/dt", 0, 2) == pytest.approx([10.0, 11.0])  # not -263.15
+    assert await api.values("/dt", 0, 2) == pytest.approx([10.0, 11.0])  # not -263.15
     r = await define(api, "/dt_f", '-("/in" - "/out")', unit="degF")
     assert r.json()["unit"] == "delta_degF"
-    assert await values(api, "/dt_f", 0, 2) == pytest.approx([18.0, 19.8])
+    assert await api.values("/dt_f", 0, 2) == pytest.approx([18.0, 19.8])
     # a difference read by another virtual sensor converts to K without an offset too
     assert (await define(api, "/dt2", '"/dt" * 2 + 1 K')).json()["unit"] == "delta_degC"
-    assert await values(api, "/dt2", 0, 2) == pytest.approx([21.0, 23.0])
+    assert await api.values("/dt2", 0, 2) == pytest.approx([21.0, 23.0])
     # points on the scale stay points: a mean, a shifted reading, the hottest
     for expr, want in [
         ('("/out" + "/in") / 2', [25.0, 26.5]),
@@ -81,13 +66,13 @@ async def test_differences_of_temperatures_carry_no_offset(api: Api) -> None:
     ]:
         r = await define(api, "/point", expr)
         assert r.json()["unit"] == "degC", (expr, r.text)
-        assert await values(api, "/point", 0, 2) == pytest.approx(want), expr
+        assert await api.values("/point", 0, 2) == pytest.approx(want), expr
 
 
 async def test_gaps_larger_than_the_limit_stay_gaps(api: Api) -> None:
     await api.write("/g", [0, 1, 2, 8, 9, 10], [1.0, 2.0, 3.0, 9.0, 10.0, 11.0], unit="W")
     assert (await define(api, "/g2", '"/g" * 2')).status_code == 200
-    assert await values(api, "/g2") == [
+    assert await api.values("/g2") == [
         2.0,
         4.0,
         6.0,
@@ -102,7 +87,7 @@ async def test_gaps_larger_than_the_limit_stay_gaps(api: Api) -> None:
     ]
     # a declared max_gap_ms bridges it with a straight line
     assert (await define(api, "/g3", '"/g" * 2', max_gap_ms=6000)).status_code == 200
-    assert await values(api, "/g3", 3, 8) == pytest.approx([8.0, 10.0, 12.0, 14.0, 16.0])
+    assert await api.values("/g3", 3, 8) == pytest.approx([8.0, 10.0, 12.0, 14.0, 16.0])
 
 
 async def test_functions_and_wildcards(api: Api) -> None:
@@ -123,7 +108,7 @@ async def test_functions_and_wildcards(api: Api) -> None:
     for k, (expr, want) in enumerate(cases.items()):
         r = await define(api, f"/v/f{k}", expr)
         assert r.status_code == 200, (expr, r.text)
-        got = await values(api, f"/v/f{k}", 0, 3)
+        got = await api.values(f"/v/f{k}", 0, 3)
         assert got == pytest.approx(want, nan_ok=True), expr
     units = {(await api.client.get(f"/api/v1/virtual/v/f{k}")).json()["unit"] for k in range(6)}
     assert units == {"W"}
@@ -135,9 +120,9 @@ async def test_virtual_of_virtual(api: Api) -> None:
     assert (await define(api, "/pue", PUE)).status_code == 200
     # a dimensionless ratio of 3.0 is 300 %: pint converts, no factor 100 by hand
     assert (await define(api, "/pue_pct", '"/pue"', unit="%")).status_code == 200
-    assert (await values(api, "/pue_pct", 0, 2)) == pytest.approx([300.0, 410.0])
+    assert (await api.values("/pue_pct", 0, 2)) == pytest.approx([300.0, 410.0])
     assert (await define(api, "/pue_x2", '"/pue_pct" * 2')).status_code == 200
-    assert (await values(api, "/pue_x2", 0, 2)) == pytest.approx([600.0, 820.0])
+    assert (await api.values("/pue_x2", 0, 2)) == pytest.approx([600.0, 820.0])
 
 
 async def test_definition_errors(api: Api) -> None:
@@ -186,10 +171,10 @@ async def test_list_show_redefine_delete(api: Api) -> None:
     assert shown["description"] == "copy" and shown["dependents"] == ["/v/q"]
     kids = (await api.client.get("/api/v1/sensors", params={"prefix": "/v"})).json()["children"]
     assert [(k["name"], k["is_virtual"]) for k in kids] == [("/v/p", True), ("/v/q", True)]
-    assert (await values(api, "/v/q", 0, 1)) == [200.0]
+    assert (await api.values("/v/q", 0, 1)) == [200.0]
     # redefining drops stored results of the sensor and of what reads it
     assert (await define(api, "/v/p", '"/a/power" * 3')).status_code == 200
-    assert (await values(api, "/v/q", 0, 1)) == [600.0]
+    assert (await api.values("/v/q", 0, 1)) == [600.0]
     r = await api.client.delete("/api/v1/virtual/v/p")
     assert r.status_code == 400 and "/v/q" in r.json()["detail"]
     assert (await api.client.delete("/api/v1/virtual/v/q")).status_code == 200
@@ -222,7 +207,7 @@ async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) 
             assert (await c.put("/api/v1/virtual/pue", json=body, headers=good)).status_code == 200
             assert (await c.delete("/api/v1/virtual/pue")).status_code == 401
             assert (await c.get("/api/v1/virtual/pue")).status_code == 200
-            assert (await values(api, "/pue", 0, 1)) == pytest.approx([3.0])
+            assert (await api.values("/pue", 0, 1)) == pytest.approx([3.0])
             put = {"name": "/a/power", "unit": "kW"}
             assert (await c.put("/api/v1/metadata", json=put)).status_code == 401
             assert (await c.delete("/api/v1/virtual/pue", headers=good)).status_code == 200

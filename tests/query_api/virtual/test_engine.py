@@ -45,19 +45,6 @@ def counting(api: Api) -> CountingStorage:
     return wrapped
 
 
-async def get(api: Api, sensor: str, start_s: float, end_s: float) -> list[float | None]:
-    r = await api.client.get(
-        "/api/v1/readings",
-        params={
-            "sensor": sensor,
-            "start": str(T0 + int(start_s * S)),
-            "end": str(T0 + int(end_s * S)),
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["values"]  # type: ignore[no-any-return]
-
-
 def metric(text: str, name: str) -> float:
     line = next(x for x in text.splitlines() if x.startswith(name + " "))
     return float(line.split()[1])
@@ -69,10 +56,10 @@ async def test_second_query_reads_no_input(api: Api, counting: CountingStorage) 
         await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     ).status_code == 200
     counting.reads.clear()  # defining estimates the inputs' intervals from their readings
-    first = await get(api, "/pue", 0, 11)
+    first = await api.values("/pue", 0, 11)
     assert sorted(counting.reads) == ["/a/power", "/b/power", "/it/power"]
     counting.reads.clear()
-    second = await get(api, "/pue", 0, 11)
+    second = await api.values("/pue", 0, 11)
     assert counting.reads == [] and second == first
     m = (await api.client.get("/metrics")).text
     assert metric(m, "kelvin_query_api_virtual_points_computed_total") == 11
@@ -83,7 +70,7 @@ async def test_stored_results_serve_a_fresh_engine(api: Api, counting: CountingS
     """What a restarted (or another) query API finds: the written-back results, not memory."""
     await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
-    first = await get(api, "/pue", 0, 11)
+    first = await api.values("/pue", 0, 11)
     engine = api.service.ctx.virtual
     assert isinstance(engine, Engine)
     await engine.writer.flush()
@@ -91,15 +78,15 @@ async def test_stored_results_serve_a_fresh_engine(api: Api, counting: CountingS
     assert stored.covered == [(T0, T0 + 11 * S)] and len(stored.series) == 11
     api.service.ctx.attach(counting)  # type: ignore[arg-type]  # a new engine, empty memory
     counting.reads.clear()
-    assert await get(api, "/pue", 0, 11) == first
+    assert await api.values("/pue", 0, 11) == first
     assert counting.reads == []
 
 
 async def test_only_missing_sub_ranges_are_computed(api: Api, counting: CountingStorage) -> None:
     await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
-    await get(api, "/pue", 3, 6)  # t = 3, 4, 5
-    whole = await get(api, "/pue", 0, 11)
+    await api.values("/pue", 3, 6)  # t = 3, 4, 5
+    whole = await api.values("/pue", 0, 11)
     assert whole == pytest.approx([3.0, 4.1, 5.2, 3.8, 2.4, 3.5, 4.6, 4.7, 4.8, 5.9, 7.0])
     m = (await api.client.get("/metrics")).text
     # 3 points, then the 3 + 5 around them; the middle three are reused
@@ -111,12 +98,12 @@ async def test_late_data_invalidates_affected_results(api: Api, counting: Counti
     await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
     await api.client.put("/api/v1/virtual/pue2", json={"expression": '"/pue" * 2'})
-    before = await get(api, "/pue2", 0, 11)
+    before = await api.values("/pue2", 0, 11)
     counting.reads.clear()
-    assert await get(api, "/pue2", 0, 11) == before and counting.reads == []
+    assert await api.values("/pue2", 0, 11) == before and counting.reads == []
     # a late reading of /b/power at t=5 (was interpolated as 200 W): 0.6 kW
     await api.write("/b/power", [5], [0.6])
-    after = await get(api, "/pue2", 0, 11)
+    after = await api.values("/pue2", 0, 11)
     assert counting.reads  # recomputed from the inputs
     # t=5: (150 + 600) / 100 * 2 = 15; t=4 and t=6 keep their readings
     assert after[5] == pytest.approx(15.0)
@@ -128,9 +115,9 @@ async def test_late_data_invalidates_affected_results(api: Api, counting: Counti
 async def test_deleting_input_readings_invalidates_results(api: Api) -> None:
     await mixed_inputs(api)
     await api.client.put("/api/v1/virtual/pue", json={"expression": PUE})
-    before = await get(api, "/pue", 0, 11)
+    before = await api.values("/pue", 0, 11)
     await api.storage.delete_range("/b/power", T0 + 4 * S, T0 + 5 * S)  # its 0.1 kW at t=4
-    after = await get(api, "/pue", 0, 11)
+    after = await api.values("/pue", 0, 11)
     # /b/power now runs straight from 400 W at t=2 to 300 W at t=6
     assert after[3:6] == pytest.approx([(130 + 375) / 100, (140 + 350) / 100, (150 + 325) / 100])
     assert after[:3] == before[:3] and after[6:] == before[6:]
