@@ -281,9 +281,14 @@ class Spool:
 
     def _rotate(self) -> None:
         if self._fd is not None:
-            if self.fsync != "off":
-                os.fdatasync(self._fd)
-            os.close(self._fd)
+            # Forgotten before anything can fail: a closed descriptor kept here would
+            # be synced and closed again later, by then perhaps another file's number.
+            fd, self._fd = self._fd, None
+            try:
+                if self.fsync != "off":
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
         path = self.dir / f"spool-{self._next_seq:020d}.wal"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self._active = path

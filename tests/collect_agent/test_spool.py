@@ -174,6 +174,32 @@ async def test_a_write_that_fails_halfway_leaves_no_bytes_behind(
     await replayed.close()
 
 
+async def test_a_new_segment_that_cannot_be_created_is_retried_on_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path, segment_bytes=1 << 16)
+    await spool.open()
+    await spool.append(items([batch(1, 5000)]))  # 120 kB: the next commit starts a segment
+    real_open = os.open
+
+    def no_more_files(path: object, *args: object, **kwargs: object) -> int:
+        if str(path).endswith(".wal"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_more_files)
+    with pytest.raises(SpoolError, match="Too many open files"):
+        await spool.append(items([batch(2)]))
+    monkeypatch.setattr(os, "open", real_open)
+    await spool.append(items([batch(3)]))
+    crash(spool)
+    replayed = Spool(tmp_path)
+    await replayed.open()
+    got = await drain(replayed)
+    assert len(got) == 2 and same(got[0], batch(1, 5000)) and same(got[1], batch(3))
+    await replayed.close()
+
+
 @pytest.mark.parametrize("policy", ["interval", "off"])
 async def test_relaxed_fsync_policies_still_persist_for_replay(tmp_path: Path, policy: str) -> None:
     crashed = Spool(tmp_path, fsync=policy, fsync_interval_ms=10)  # type: ignore[arg-type]
