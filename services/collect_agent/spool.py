@@ -128,11 +128,7 @@ class Spool:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="spool-io")
 
     def _close_files(self) -> None:
-        if self._fd is not None:
-            if self.fsync != "off":
-                os.fdatasync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+        self._close_active()
         self._active = None
         self._cleanup()
         if self._lock_fd is not None:
@@ -279,16 +275,21 @@ class Spool:
             os.close(self._fd)
             self._fd = None
 
+    def _close_active(self) -> None:
+        """Sync (per the policy) and close the active segment's descriptor."""
+        if self._fd is None:
+            return
+        # Forgotten before anything can fail: a closed descriptor kept here would be
+        # synced and closed again later, by then perhaps another file's number.
+        fd, self._fd = self._fd, None
+        try:
+            if self.fsync != "off":
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
     def _rotate(self) -> None:
-        if self._fd is not None:
-            # Forgotten before anything can fail: a closed descriptor kept here would
-            # be synced and closed again later, by then perhaps another file's number.
-            fd, self._fd = self._fd, None
-            try:
-                if self.fsync != "off":
-                    os.fdatasync(fd)
-            finally:
-                os.close(fd)
+        self._close_active()
         path = self.dir / f"spool-{self._next_seq:020d}.wal"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self._active = path
