@@ -272,8 +272,9 @@ class Spool:
             os.ftruncate(self._fd, offset)
         except OSError:
             # Cannot cut: continue in a new segment; replay cuts this one's tail.
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _close_active(self) -> None:
         """Sync (per the policy) and close the active segment's descriptor."""
