@@ -55,7 +55,7 @@ def _readings(client: httpx.Client, base: str, sensor: str, **params: str) -> di
 
 
 def test_tester_and_procfs_readings_arrive_within_10_s(up: KelvinUp) -> None:
-    deadline = time.monotonic() + 10.0
+    deadline = up.spawned_at + 10.0  # counted from the process start, startup included
     counts: dict[str, int] = {}
     with httpx.Client(timeout=5) as client:
         while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.support.servers import free_port
@@ -40,6 +41,8 @@ class KelvinUp:
         if config is not None:
             self.cmd += ["--config", str(config)]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.spawned_at = 0.0
+        """time.monotonic() when the process was spawned (deadlines count from it)."""
         self.console_url = ""
         self._lines: list[str] = []
         self._announced = threading.Event()
@@ -49,6 +52,7 @@ class KelvinUp:
 
     def start(self, timeout_s: float = 40.0) -> KelvinUp:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.spawned_at = time.monotonic()
         self.proc = subprocess.Popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.data_dir, env=env
         )
