@@ -98,10 +98,8 @@ class HallModel:
         self.present = hall.present_mask
         self.pos: IntArray = hall.positions()
         self.weights = axis_weights(hall.inter_row_distance)
-        self.reliability = reliability or ReliabilityModel(
-            idle_proc_power_w=ReliabilityModel.active_proc_power_w
-            * hall.idle_power_w
-            / hall.busy_power_w
+        self.reliability = reliability or ReliabilityModel.for_hall(
+            hall.idle_power_w, hall.busy_power_w
         )
         self.power = power or PowerModel(compute_w=hall.busy_power_w)
 

@@ -38,6 +38,17 @@ class ReliabilityModel:
     calib_mttf_years: float = 5.0
     activation_ev: tuple[float, ...] = tuple(MECHANISMS.values())
 
+    @classmethod
+    def for_hall(
+        cls, idle_power_w: float, busy_power_w: float, **overrides: float | None
+    ) -> ReliabilityModel:
+        """The model for a hall: an idle processor draws the active power scaled by the
+        node's idle/busy power ratio unless ``idle_proc_power_w`` is given."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        active = float(given.get("active_proc_power_w", cls.active_proc_power_w) or 0.0)
+        given.setdefault("idle_proc_power_w", active * idle_power_w / busy_power_w)
+        return cls(**given)  # type: ignore[arg-type]
+
     @property
     def lambda0_per_year(self) -> npt.NDArray[np.float64]:
         """λ0 per mechanism such that each gives 1/3 of 1/MTTF at the calibration point."""

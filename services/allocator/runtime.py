@@ -23,6 +23,7 @@ from services.allocator.metrics import AllocatorMetrics
 from services.allocator.model import HallModel, Thermal
 from services.allocator.policies import PolicyOptions
 from services.allocator.publisher import DecisionPublisher
+from services.allocator.reliability import ReliabilityModel
 from services.allocator.settings import Settings
 from services.allocator.store import StateStore
 from services.common.errors import ConfigError
@@ -68,7 +69,10 @@ class AllocatorCore:
             # set through the API since; the configuration is unchanged
             policy = str(saved["policy"])
         self.allocator = Allocator(policy, options, settings.min_mttf_years, settings.runner_ups)
-        self.book = JobBook(HallModel(hall), self.allocator, settings.history)
+        reliability = ReliabilityModel.for_hall(
+            hall.idle_power_w, hall.busy_power_w, **settings.reliability.model_dump()
+        )
+        self.book = JobBook(HallModel(hall, reliability), self.allocator, settings.history)
         self.book.listeners.append(self._on_job)
         self.publisher = DecisionPublisher(
             settings.brokers,

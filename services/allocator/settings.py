@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import SectionSettings
@@ -34,6 +34,28 @@ class JobStream(BaseModel):
         if not 1 <= self.sizes[0] <= self.sizes[1]:
             raise ValueError("sizes must be [low, high] with 1 <= low <= high")
         return self
+
+
+class Reliability(BaseModel):
+    """Junction-temperature and lifetime constants (spec section 6); defaults are the spec's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    t_hs_ref_c: float = Field(45.0, allow_inf_nan=False)
+    """Heat-sink temperature at the reference inlet (°C)."""
+    tin_ref_c: float = Field(15.0, allow_inf_nan=False)
+    """Reference inlet temperature (°C)."""
+    hs_slope: float = Field(0.6, ge=0, allow_inf_nan=False)
+    """Heat-sink rise per kelvin of inlet rise."""
+    r_ja_c_per_w: float = Field(0.1, ge=0, allow_inf_nan=False)
+    """Junction-to-ambient thermal resistance (°C/W)."""
+    active_proc_power_w: float = Field(120.0, ge=0, allow_inf_nan=False)
+    """Power of an active processor (W)."""
+    idle_proc_power_w: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Power of an idle processor (W); None = the active power scaled by the hall's idle/busy node power."""
+    calib_temp_c: float = Field(60.0, allow_inf_nan=False)
+    """Junction temperature at which a processor lives ``calib_mttf_years``."""
+    calib_mttf_years: float = Field(5.0, gt=0, allow_inf_nan=False)
 
 
 class Settings(SectionSettings):
@@ -90,3 +112,5 @@ class Settings(SectionSettings):
     """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...}, read by calibration and shown by the console's hall view; None = the default node sensors."""
     job_stream: JobStream = JobStream()
     """The seeded demo job generator."""
+    reliability: Reliability = Reliability()
+    """Constants of the MTTF model behind ``min_mttf_years``."""

@@ -200,6 +200,33 @@ async def test_reliability_constraint_stalls_then_starts(tmp_path: Path) -> None
         await running.stop()
 
 
+async def test_reliability_constants_come_from_the_settings(tmp_path: Path) -> None:
+    # The default model, then one calibrated to twice the lifetime at 60 °C (and a
+    # hotter idle processor, which a full hall never has): MTTF scales with the
+    # calibration, so the full hall's minimum doubles.
+    plain = await _start(_config(tmp_path / "a", free_port()))
+    tuned = await _start(
+        _config(
+            tmp_path / "b",
+            free_port(),
+            reliability={"calib_mttf_years": 10.0, "idle_proc_power_w": 120.0},
+        )
+    )
+    try:
+        for running in (plain, tuned):
+            assert (await running.http.post("/api/v1/jobs", json={"size": 40})).status_code == 201
+        base = (await plain.http.get("/api/v1/hall")).json()["totals"]["min_mttf_years"]
+        got = (await tuned.http.get("/api/v1/hall")).json()["totals"]["min_mttf_years"]
+        # all nodes busy: every processor is active, so only the calibration differs
+        assert got == pytest.approx(2 * base, rel=1e-9)
+    finally:
+        await plain.stop()
+        await tuned.stop()
+    cfg = _config(tmp_path / "c", free_port(), reliability={"calib_mttf_years": 0})
+    with pytest.raises(ConfigError, match=r"allocator.reliability.calib_mttf_years"):
+        create_service(cfg)
+
+
 async def test_decisions_are_published_as_sensors(
     tmp_path: Path, mosquitto_broker: Mosquitto
 ) -> None:
