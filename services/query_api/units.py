@@ -54,7 +54,8 @@ def require(text: str, what: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """``y = x * scale + offset``: every pint conversion between two units is linear."""
+    """``y = x * scale + offset``: a conversion between two units of a scale (all but
+    the logarithmic ones)."""
 
     scale: float
     offset: float
@@ -68,8 +69,30 @@ class Linear:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Logarithmic:
+    """A conversion no scale and offset can do (dB, dBm, Np: 10 dBm is 10 mW, not the
+    straight line through 0 and 1 dBm), done by pint on the whole array."""
+
+    src: Any
+    dst: Any
+
+    def apply(self, values: Float64Array) -> Float64Array:
+        with np.errstate(divide="ignore", invalid="ignore"):  # log of 0 or less: -inf, NaN
+            q = registry().Quantity(np.asarray(values, dtype=np.float64), self.src).to(self.dst)
+        return np.asarray(q.magnitude, dtype=np.float64)
+
+
+Conversion = Linear | Logarithmic
+
+
+def has_offset(conv: Conversion) -> bool:
+    """A scale with its own zero (degC, degF): differences convert without the offset."""
+    return isinstance(conv, Linear) and conv.offset != 0.0
+
+
 @lru_cache(maxsize=4096)
-def conversion(src: str | None, dst: str) -> Linear:
+def conversion(src: str | None, dst: str) -> Conversion:
     """The conversion from unit ``src`` to unit ``dst`` (both as text).
 
     Raises UnitError naming both units when they are unknown or of different dimensions.
@@ -84,8 +107,9 @@ def conversion(src: str | None, dst: str) -> Linear:
     return linear(a, b, src, dst)
 
 
-def linear(a: Any, b: Any, src: str = "", dst: str = "") -> Linear:
-    """Linear map from unit ``a`` to unit ``b`` (pint Units)."""
+def linear(a: Any, b: Any, src: str = "", dst: str = "") -> Conversion:
+    """The map from unit ``a`` to unit ``b`` (pint Units): scale and offset, unless a
+    logarithmic unit makes it no straight line."""
     import pint
 
     ureg = registry()
@@ -95,13 +119,17 @@ def linear(a: Any, b: Any, src: str = "", dst: str = "") -> Linear:
             f"({b.dimensionality}): different dimensions"
         )
     try:
-        q = ureg.Quantity(np.array([0.0, 1.0]), a).to(b).magnitude
+        with np.errstate(divide="ignore", invalid="ignore"):  # to dB: log10(0)
+            q = ureg.Quantity(np.array([0.0, 1.0, 10.0]), a).to(b).magnitude
     except pint.PintError as exc:  # a temperature difference to a temperature scale
         raise UnitError(
             f"cannot convert {src or str(a)!r} to {dst or str(b)!r}: {exc} (a difference of "
             "temperatures converts to K or delta_degC, a temperature to degC, degF or K)"
         ) from None
-    return Linear(float(q[1] - q[0]), float(q[0]))
+    lin = Linear(float(q[1] - q[0]), float(q[0]))
+    if not np.isclose(q[2], lin.scale * 10.0 + lin.offset, rtol=1e-9, atol=0.0):
+        return Logarithmic(a, b)
+    return lin
 
 
 def difference_of(text: str) -> str:
@@ -109,13 +137,13 @@ def difference_of(text: str) -> str:
     ``degC`` (whose conversions add an offset, which a difference must not get);
     ``text`` itself for every unit without an offset (``K``, ``W``)."""
     unit = parse(text)
-    if unit is None or to_base(unit)[1].offset == 0.0:
+    if unit is None or not has_offset(to_base(unit)[1]):
         return text
     delta = f"delta_{text.strip()}"
     return delta if parse(delta) is not None else text
 
 
-def to_base(unit: Any) -> tuple[Any, Linear]:
+def to_base(unit: Any) -> tuple[Any, Conversion]:
     """The base (SI) unit of ``unit`` and the map into it."""
     base = registry().Quantity(1.0, unit).to_base_units().units
     return base, linear(unit, base)

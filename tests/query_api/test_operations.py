@@ -113,6 +113,13 @@ async def test_a_difference_of_temperatures_converts_without_the_offset(api: Api
     assert "cannot convert 'delta_degC' to 'degF'" in r.json()["detail"]
 
 
+async def test_logarithmic_units_convert_exactly(api: Api) -> None:
+    await api.write("/rx", [0, 1, 2], [0.0, 10.0, -20.0], unit="dBm")
+    assert (await run(api, "/rx@mW"))["values"] == pytest.approx([1.0, 10.0, 0.01])
+    assert (await run(api, "/rx@W"))["values"] == pytest.approx([1e-3, 1e-2, 1e-5])
+    assert (await run(api, "max(/rx)@mW"))["values"] == pytest.approx([10.0])
+
+
 def test_unknown_operation_names_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown aggregate"):
         operations.aggregate("median", np.zeros(1, np.int64), np.zeros(1), 0)

@@ -146,7 +146,7 @@ class _Checker:
         after :meth:`unit` checked the tree."""
         if isinstance(node, Number):
             unit = units.parse(node.unit) if node.unit else None
-            return unit is None or units.to_base(unit)[1].offset == 0.0  # 5 K, not 5 degC
+            return unit is None or not units.has_offset(units.to_base(unit)[1])  # 5 K, not 5 degC
         if isinstance(node, Ref):
             name = (self.expansions.get(node.name) or [node.name])[0]
             text = self.sensor_units.get(name) or ""

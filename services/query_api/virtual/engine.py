@@ -51,7 +51,7 @@ class Compiled:
     tree: parser.Node
     lead: int
     interval_ns: int
-    to_result: units.Linear
+    to_result: units.Conversion
     max_gap_ns: int | None
     input_intervals_ns: dict[str, int]
 
@@ -357,7 +357,7 @@ def _missing(start: int, end: int, covered: list[tuple[int, int]]) -> list[tuple
     return [(a, b) for a, b in out if b > a]
 
 
-def _to_base(unit_text: str | None) -> units.Linear:
+def _to_base(unit_text: str | None) -> units.Conversion:
     parsed = units.parse(unit_text) if unit_text else None
     if parsed is None:
         return units.Linear(1.0, 0.0)

@@ -50,7 +50,7 @@ class Evaluator:
                 return node.value
             unit = units.parse(node.unit)
             base = units.to_base(unit)[1]
-            return node.value * base.scale + base.offset
+            return float(base.apply(np.array([node.value]))[0])
         if isinstance(node, Ref):
             return await self.fetch(node.name)
         if isinstance(node, Unary):

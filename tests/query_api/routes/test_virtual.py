@@ -69,6 +69,17 @@ async def test_differences_of_temperatures_carry_no_offset(api: Api) -> None:
         assert await api.values("/point", 0, 2) == pytest.approx(want), expr
 
 
+async def test_logarithmic_inputs_add_as_powers(api: Api) -> None:
+    await api.write("/p1", [0, 1], [10.0, 20.0], unit="dBm")
+    await api.write("/p2", [0, 1], [10.0, 10.0], unit="dBm")
+    r = await define(api, "/sum", '"/p1" + "/p2"')
+    assert r.status_code == 200 and r.json()["unit"] == "dBm", r.text
+    # 10 mW + 10 mW = 20 mW = 13.01 dBm; 100 mW + 10 mW = 20.41 dBm
+    assert await api.values("/sum", 0, 2) == pytest.approx([13.0103, 20.4139], abs=1e-4)
+    r = await define(api, "/plus", '"/p2" + 10 mW', unit="mW")
+    assert await api.values("/plus", 0, 2) == pytest.approx([20.0, 20.0])
+
+
 async def test_gaps_larger_than_the_limit_stay_gaps(api: Api) -> None:
     await api.write("/g", [0, 1, 2, 8, 9, 10], [1.0, 2.0, 3.0, 9.0, 10.0, 11.0], unit="W")
     assert (await define(api, "/g2", '"/g" * 2')).status_code == 200
