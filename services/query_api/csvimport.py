@@ -85,19 +85,23 @@ def _value(text: str, line: int) -> float:
 
 def parse(text: str, prefix: str | None = None) -> Batch:
     """The readings in a CSV document (see module docstring)."""
-    rows = list(csv.reader(io.StringIO(text)))
+    reader = csv.reader(io.StringIO(text, newline=""))  # the csv module reads \r, \r\n, \n
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # e.g. a field beyond csv.field_size_limit()
+        raise CsvError(f"line {reader.line_num}: {exc}") from None
     numbered = [(i + 1, r) for i, r in enumerate(rows) if r and any(c.strip() for c in r)]
     if not numbered:
         return Batch.empty()
-    _, header = numbered[0]
+    first, header = numbered[0]
     head = [h.strip() for h in header]
     if len(head) >= 3 and head[0].lower() == "sensor" and head[1].lower() == "time":
         return _long(numbered[1:], prefix)
     if len(head) >= 2 and not _looks_like_time(head[0]):
         return _wide(head, numbered[1:], prefix)
     raise CsvError(
-        "line 1: expected a header 'Sensor,Time,Value' (long layout) or 'Time,<sensor>,...' "
-        f"(wide layout), got {','.join(head)[:80]!r}"
+        f"line {first}: expected a header 'Sensor,Time,Value' (long layout) or "
+        f"'Time,<sensor>,...' (wide layout), got {','.join(head)[:80]!r}"
     )
 
 

@@ -43,3 +43,12 @@ def test_times_int64_ns_cannot_hold_are_rejected_with_their_line(text: str) -> N
     body = f"Sensor,Time,Value\n/a/p,2026-01-01T00:00:00Z,1\n/a/p,{text},2\n"
     with pytest.raises(CsvError, match=rf"line 3: time '{text}' lies outside 1677-09-21"):
         parse(body)
+
+
+def test_any_line_ending_and_a_bad_row_are_csv_errors_not_crashes() -> None:
+    body = "Sensor,Time,Value\r/a/p,2026-01-01T00:00:00Z,1\r\n/a/p,2026-01-01T00:00:01Z,2\n"
+    assert parse(body).values.tolist() == [1.0, 2.0]
+    with pytest.raises(CsvError, match=r"^line 2: expected a header"):
+        parse("\r0")
+    with pytest.raises(CsvError, match=r"^line 2: .*field larger than field limit"):
+        parse("Sensor,Time,Value\n/a/p,now," + "1" * 200_000 + "\n")
