@@ -13,7 +13,8 @@
 A range that was verified against late data is not checked again for writes
 older than the previous check (minus an overlap that covers a computation
 running concurrently in another replica), so a warm query costs two small
-storage calls whatever the age of the results.
+storage calls whatever the age of the results (plus a listing of the sensors
+under each wildcard input, which is expanded anew every time).
 """
 
 from __future__ import annotations
