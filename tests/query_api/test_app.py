@@ -104,6 +104,23 @@ async def test_bad_input_is_400_with_reason_and_counted(api: Api) -> None:
         assert f'kelvin_query_api_rejects_total{{reason="{reason}"}} 1.0' in metrics
 
 
+async def test_a_unit_that_cannot_be_had_is_400_in_csv_too(api: Api) -> None:
+    await api.write("/a/p", [0], [1.0], unit="W")
+    await api.write("/a/none", [0], [1.0])
+    for spec, detail in [
+        ("/a/p@degC", "cannot convert 'W'"),
+        ("/a/none@kW", "the sensor has no unit"),
+        ("/a/p@bogus", "unit 'bogus' is not known"),
+    ]:
+        for sensors in ([spec], ["/a/p", spec]):  # also after another sensor's lines
+            r = await api.client.get(
+                "/api/v1/readings",
+                params={"sensor": sensors, "start": str(T0), "end": str(T0 + S), "format": "csv"},
+            )
+            assert r.status_code == 400, (sensors, r.text)
+            assert r.json()["error"] == "bad_unit" and detail in r.json()["detail"]
+
+
 async def test_times_and_intervals_beyond_int64_are_400_not_a_broken_stream(api: Api) -> None:
     await api.write("/a/p", [0], [1.0])
     cases = [

@@ -85,19 +85,20 @@ def router(ctx: ApiContext) -> APIRouter:
             stream.is_plain(p) and step is None and await ctx.catalog.virtual(p.sensor) is None
             for p in parsed
         ]
-        answers: list[list[Result] | Spec] = []
+        answers: list[list[Result] | tuple[Spec, Result]] = []
         for p, simple in zip(parsed, plain, strict=True):
             if simple:
-                await ctx.reader.resolve(p)  # unknown sensors fail before the body starts
-                answers.append(p)
+                # unknown sensors and impossible units fail before the body starts
+                await ctx.reader.resolve(p)
+                answers.append((p, await _empty_result(p)))
             else:
                 answers.append(await ctx.reader.run(p, start_ns, end_ns, step, agg))
         pieces = ctx.settings.stream_pieces
         if format == "json":
             first = answers[0]
-            if isinstance(first, Spec):
-                head = await _empty_result(first)
-                parts = _counted(stream.pieces(ctx.reader, first, start_ns, end_ns, pieces))
+            if isinstance(first, tuple):
+                spec, head = first
+                parts = _counted(stream.pieces(ctx.reader, spec, start_ns, end_ns, pieces))
                 body = stream.json_body(head, parts, start_ns, end_ns)
                 return StreamingResponse(body, media_type="application/json")
             ctx.metrics.points.inc(len(first[0]))
@@ -120,17 +121,17 @@ def router(ctx: ApiContext) -> APIRouter:
             yield part
 
     async def _csv(
-        answers: list[list[Result] | Spec], start_ns: int, end_ns: int, iso: bool
+        answers: list[list[Result] | tuple[Spec, Result]], start_ns: int, end_ns: int, iso: bool
     ) -> AsyncIterator[bytes]:
         label: str | None = None
         for answer in answers:
-            if isinstance(answer, Spec):
-                head = await _empty_result(answer)
+            if isinstance(answer, tuple):
+                spec, head = answer
                 if head.label != label:
                     label = head.label
                     yield encode.csv_header(label)
                 parts = stream.pieces(
-                    ctx.reader, answer, start_ns, end_ns, ctx.settings.stream_pieces
+                    ctx.reader, spec, start_ns, end_ns, ctx.settings.stream_pieces
                 )
                 async for chunk in stream.csv_lines(_counted(parts), iso):
                     yield chunk
