@@ -38,6 +38,7 @@ from services.common.storage.base import (
     check_names,
     children_of,
 )
+from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import ShardedSettings, ShardSettings
 
 T = TypeVar("T")
@@ -101,6 +102,7 @@ class ShardedStorage(StorageBackend):
         self.shards: dict[str, StorageBackend] = {
             s.name: _make(s, registry) for s in settings.shards
         }
+        self.metrics = StorageMetrics.of(registry)
         self._route: dict[str, str] = {}
 
     # ------------------------------------------------------------------ routing
@@ -156,7 +158,11 @@ class ShardedStorage(StorageBackend):
     async def write(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
-        check_names(batch.sensors, self.kind)
+        try:
+            check_names(batch.sensors, self.kind)
+        except PermanentStorageError:
+            self.metrics.errors.labels(self.kind, "bad_name").inc()
+            raise
         groups: dict[str, list[int]] = {}
         for i, sensor in enumerate(batch.sensors):
             groups.setdefault(self.shard_of(sensor), []).append(i)

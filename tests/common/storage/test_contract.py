@@ -169,6 +169,9 @@ async def test_bad_sensor_name_rejects_whole_batch(backend: StorageBackend) -> N
     batch = Batch.from_rows(["/ok/a", "no-slash", "/ok/b"], at(1, 2, 3), [1.0, 2.0, 3.0])
     with pytest.raises(PermanentStorageError, match="no-slash"):
         await backend.write(batch)
+    registry = backend.metrics.service.registry  # type: ignore[attr-defined]
+    labels = {"backend": backend.kind, "reason": "bad_name"}
+    assert registry.get_sample_value("kelvin_storage_errors_total", labels) == 1
     assert not await backend.has_sensor("/ok/a")
     assert len(await backend.read("/ok/a", T0, T0 + 9 * S)) == 0
 
