@@ -135,6 +135,10 @@ def lines(
     ]
 
 
+_ERROR_TABLE = re.compile(rb"(?:^|\n)error\r?\n")
+"""How InfluxDB's CSV answer starts an error: a table whose one column is ``error``."""
+
+
 def parse_csv(body: bytes, header: bool = True) -> tuple[Int64Array, Float64Array]:
     """``time`` and ``value`` columns of CSV rows ``name,tags,time,value``.
 
@@ -148,14 +152,22 @@ def parse_csv(body: bytes, header: bool = True) -> tuple[Int64Array, Float64Arra
         body = body[body.find(b"\n") + 1 :] if b"\n" in body else b""
     if not body.strip():
         return np.empty(0, np.int64), np.empty(0, np.float64)
-    data = np.loadtxt(
-        io.BytesIO(body),
-        delimiter=",",
-        usecols=(2, 3),
-        dtype=[("t", "<i8"), ("v", "<f8")],
-        ndmin=1,
-        comments=None,
-    )
+    failed = _ERROR_TABLE.search(body)  # a chunked answer can fail after its first rows
+    if failed is not None:
+        raise PermanentStorageError(
+            f"influxdb: query failed: {body[failed.end() :].decode(errors='replace').strip()[:300]}"
+        )
+    try:
+        data = np.loadtxt(
+            io.BytesIO(body),
+            delimiter=",",
+            usecols=(2, 3),
+            dtype=[("t", "<i8"), ("v", "<f8")],
+            ndmin=1,
+            comments=None,
+        )
+    except ValueError as exc:
+        raise PermanentStorageError(f"influxdb: unreadable CSV answer: {exc}") from None
     return np.ascontiguousarray(data["t"]), decode_values(np.ascontiguousarray(data["v"]))
 
 

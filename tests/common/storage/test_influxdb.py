@@ -177,6 +177,14 @@ def test_parse_csv_edges() -> None:
     assert ts.tolist() == [5] and vs.tolist() == [1.25]
     with pytest.raises(PermanentStorageError, match="query failed"):
         parse_csv(b'error\n"error parsing query"\n')
+    # a chunked answer that fails after its first rows (a later piece has no header)
+    later = b'kelvin,,5,1.25\nerror\n"max-select-point limit exceeded"\n'
+    with pytest.raises(PermanentStorageError, match=r"query failed: .*max-select-point"):
+        parse_csv(later, header=False)
+    with pytest.raises(PermanentStorageError, match="unreadable CSV answer"):
+        parse_csv(b"kelvin,,5,1.25\nkelvin,,six,1.5\n", header=False)
+    ts, _ = parse_csv(b"errors,,5,1.25\nerrors,,6,1.5\n", header=False)  # a measurement
+    assert ts.tolist() == [5, 6]
 
 
 def test_launcher_moves_every_port(influx_servers: list[InfluxDB]) -> None:
