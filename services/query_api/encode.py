@@ -7,7 +7,7 @@ are JSON ``null`` and empty CSV fields.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -47,31 +47,8 @@ def csv_header(label: str) -> bytes:
     return f"Sensor,Time,{label}\n".encode()
 
 
-def csv_body(
-    results: Iterable[Result], chunk: int, iso: bool = True, header: bool = True
-) -> Iterator[bytes]:
-    """DCDB CSV: one ``Sensor,Time,<label>`` header, repeated only when the label changes."""
-    label: str | None = None
-    for r in results:
-        if r.label != label:
-            label = r.label
-            if header:
-                yield csv_header(label)
-        for i in range(0, len(r), chunk):
-            yield csvfast.lines(
-                r.sensor, r.timestamps_ns[i : i + chunk], r.values[i : i + chunk], iso
-            )
-    if label is None and header:
-        yield csv_header("Value")
-
-
-def json_result(result: Result) -> dict[str, Any]:
-    """A small result as a plain dict (for non-streamed answers)."""
-    return {
-        "sensor": result.sensor,
-        "unit": result.unit,
-        "label": result.label,
-        "count": len(result),
-        "timestamps_ns": result.timestamps_ns.tolist(),
-        "values": [v if np.isfinite(v) else None for v in result.values.tolist()],
-    }
+def csv_body(result: Result, chunk: int, iso: bool = True) -> Iterator[bytes]:
+    """DCDB CSV lines ``sensor,time,value`` of one result (the caller writes the header)."""
+    for i in range(0, len(result), chunk):
+        ts, vs = result.timestamps_ns[i : i + chunk], result.values[i : i + chunk]
+        yield csvfast.lines(result.sensor, ts, vs, iso)

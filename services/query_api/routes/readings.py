@@ -141,9 +141,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 if result.label != label:
                     label = result.label
                     yield encode.csv_header(label)
-                for chunk in encode.csv_body(
-                    [result], ctx.settings.stream_chunk_points, iso, header=False
-                ):
+                for chunk in encode.csv_body(result, ctx.settings.stream_chunk_points, iso):
                     yield chunk
         if label is None:
             yield encode.csv_header("Value")
