@@ -1,7 +1,8 @@
 """The storage protocol every backend implements (SQLite, InfluxDB, sharded).
 
 All methods are async. Times are int64 ns since the epoch; ranges are
-half-open ``[start_ns, end_ns)``. Writes are idempotent: a reading with the
+half-open ``[start_ns, end_ns)`` (so a reading at int64's largest value, which
+no range reaches, is rejected). Writes are idempotent: a reading with the
 same sensor and timestamp as a stored one replaces it (last write wins), so a
 redelivered batch never duplicates. Values are any float64, NaN and +-inf
 included. Failures raise

@@ -149,6 +149,12 @@ class ChunkStore:
         starts = np.flatnonzero(np.concatenate(([True], per[1:] != per[:-1])))
         uniq = per[starts]
         offsets = np.append(starts, per.shape[0])
+        hi = int(ts.max())
+        if hi == _MAX_I64:  # the exclusive end of every range: nothing could read it back
+            raise ValueError(
+                f"batch rejected, nothing stored: timestamp {hi} (int64's largest) lies past "
+                "the end of every [start, end) range"
+            )
         cur = con.execute(
             "INSERT INTO staged (written_at, n, k, min_ts, max_ts, idx, ts, vs) "
             "VALUES (?,?,?,?,?,?,?,?)",
@@ -157,7 +163,7 @@ class ChunkStore:
                 int(per.shape[0]),
                 int(uniq.shape[0]),
                 int(ts.min()),
-                int(ts.max()),
+                hi,
                 np.concatenate([uniq, offsets]).astype("<i8").tobytes(),
                 np.ascontiguousarray(ts, "<i8").tobytes(),
                 np.ascontiguousarray(vs, "<f8").tobytes(),

@@ -176,6 +176,16 @@ async def test_bad_sensor_name_rejects_whole_batch(backend: StorageBackend) -> N
     assert len(await backend.read("/ok/a", T0, T0 + 9 * S)) == 0
 
 
+async def test_a_time_no_range_can_read_is_rejected(backend: StorageBackend) -> None:
+    """int64's largest ns is the exclusive end of every range: stored, it would be lost."""
+    batch = Batch.from_rows(["/end/a", "/end/b"], np.array([T0, 2**63 - 1]), [1.0, 2.0])
+    with pytest.raises(PermanentStorageError, match="nothing stored"):
+        await backend.write(batch)
+    assert len(await backend.read("/end/a", T0, T0 + S)) == 0
+    await backend.write(Batch.single("/end/b", [2**63 - 2], [3.0]))  # the last readable ns
+    assert await backend.latest("/end/b") == (2**63 - 2, 3.0)
+
+
 async def test_failure_mid_batch(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = await store.open()
     names = [f"/fail/a{i}" if i % 2 else f"/x/fail{i}" for i in range(40)]  # both shards
