@@ -21,12 +21,12 @@ from services.allocator.calibrate import (
     synthetic_samples,
 )
 from services.allocator.closed_loop import sensor_names
+from services.cli import main as kelvin
 from services.common.readings import Batch
 from services.common.settings import Config
 from services.common.thermal import Float64Array, reference_hall
 from services.query_api.app import QueryApiService
 from services.query_api.app import create_service as create_query_api
-from tests.allocator.kelvin_cli import kelvin
 from tests.support.servers import free_port
 
 STEP_S = 30.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from services.allocator import experiments, simulator
+from services.cli import main as kelvin
 from services.common.thermal import reference_hall
-from tests.allocator.kelvin_cli import kelvin
 
 SHORT = experiments.DynamicParams(seed=4, hours=1.5, warmup_hours=0.5, arrival_rate_per_h=25)
 
