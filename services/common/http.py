@@ -10,14 +10,18 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import Counter
 
-from services.common.errors import KelvinError, NotFoundError
+from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
+from services.common.logs import RateLimitedLog
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
 from services.common.service import Service
 
 log = logging.getLogger(__name__)
+_bad_input_log = RateLimitedLog(log, 10.0)
 
 ReadyCheck = Callable[[], tuple[bool, str]]
 
@@ -110,24 +114,63 @@ def health_router(metrics: ServiceMetrics, ready: ReadyCheck | None = None) -> A
     return router
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Kelvin errors become JSON bodies ``{"error": .., "detail": ..}`` with a fitting status."""
+def install_error_handlers(
+    app: FastAPI,
+    rejects: Counter | None = None,
+    reason_of: Callable[[KelvinError], str] | None = None,
+) -> None:
+    """Kelvin errors become JSON bodies ``{"error": .., "detail": ..}`` with a fitting status.
+
+    With ``rejects`` (a counter labelled by ``reason``), bad input is also counted,
+    logged with rate limiting, and the ``error`` key is the reason (``reason_of``,
+    else the exception's ``reason`` attribute, else ``bad_request``); request
+    validation errors then become counted 422 answers. An exception's
+    ``http_status`` overrides 400, and an integer ``position`` (0-based, as
+    parsers report it) is returned 1-based.
+    """
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        if rejects is not None:
+            rejects.labels("not_found").inc()
         return JSONResponse({"error": "not_found", "detail": str(exc)}, status_code=404)
 
     @app.exception_handler(KelvinError)
-    async def _kelvin(_: Request, exc: KelvinError) -> JSONResponse:
-        from services.common.errors import RetryableStorageError, StorageError
-
+    async def _kelvin(request: Request, exc: KelvinError) -> JSONResponse:
         if isinstance(exc, RetryableStorageError):
             return JSONResponse(
                 {"error": "storage_unavailable", "detail": str(exc)}, status_code=503
             )
         if isinstance(exc, StorageError):
+            log.error("storage error on %s: %s", request.url.path, exc)
             return JSONResponse({"error": "storage_error", "detail": str(exc)}, status_code=500)
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=400)
+        status = int(getattr(exc, "http_status", 400))
+        if rejects is None:
+            return JSONResponse(
+                {"error": type(exc).__name__, "detail": str(exc)}, status_code=status
+            )
+        reason = reason_of(exc) if reason_of else str(getattr(exc, "reason", "") or "bad_request")
+        rejects.labels(reason).inc()
+        _bad_input_log.warning(reason, "%s %s: %s", request.url.path, reason, exc)
+        body: dict[str, object] = {"error": reason, "detail": str(exc)}
+        position = getattr(exc, "position", None)
+        if isinstance(position, int):
+            body["position"] = position + 1
+        return JSONResponse(body, status_code=status)
+
+    if rejects is None:
+        return
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        rejects.labels("invalid_request").inc()
+        details = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            {"error": "invalid_request", "detail": "; ".join(details)}, status_code=422
+        )
 
 
 class HttpService(Service):

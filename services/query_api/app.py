@@ -12,18 +12,9 @@ import contextlib
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
-from services.common.errors import (
-    KelvinError,
-    NotFoundError,
-    RetryableStorageError,
-    SensorNameError,
-    StorageError,
-    TimeSpecError,
-)
+from services.common.errors import KelvinError, SensorNameError, TimeSpecError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
@@ -66,44 +57,7 @@ def _reason(exc: KelvinError) -> str:
 
 def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
     """Kelvin errors -> JSON ``{"error", "detail"}``; bad input is counted by reason."""
-    install_error_handlers(app)
-
-    @app.exception_handler(NotFoundError)
-    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
-        ctx.metrics.rejects.labels("not_found").inc()
-        return JSONResponse({"error": "not_found", "detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(KelvinError)
-    async def _kelvin(request: Request, exc: KelvinError) -> JSONResponse:
-        if isinstance(exc, RetryableStorageError):
-            return JSONResponse(
-                {"error": "storage_unavailable", "detail": str(exc)}, status_code=503
-            )
-        if isinstance(exc, StorageError):
-            log.error("storage error on %s: %s", request.url.path, exc)
-            return JSONResponse({"error": "storage_error", "detail": str(exc)}, status_code=500)
-        reason = _reason(exc)
-        ctx.metrics.rejects.labels(reason).inc()
-        _bad_input_log.warning(reason, "%s %s: %s", request.url.path, reason, exc)
-        from services.query_api.csvimport import PayloadTooLarge
-
-        status = 413 if isinstance(exc, PayloadTooLarge) else 400
-        body: dict[str, object] = {"error": reason, "detail": str(exc)}
-        position = getattr(exc, "position", None)
-        if isinstance(position, int):
-            body["position"] = position + 1  # 1-based, as the message says
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        ctx.metrics.rejects.labels("invalid_request").inc()
-        details = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
-            for e in exc.errors()
-        ]
-        return JSONResponse(
-            {"error": "invalid_request", "detail": "; ".join(details)}, status_code=422
-        )
+    install_error_handlers(app, ctx.metrics.rejects, _reason)
 
 
 def create_app(

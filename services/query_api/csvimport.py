@@ -37,6 +37,7 @@ class PayloadTooLarge(KelvinError):
     """A request body beyond the configured limit."""
 
     reason = "too_large"
+    http_status = 413
 
 
 _MIN_NS, _MAX_NS = -(2**63), 2**63 - 1

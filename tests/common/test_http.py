@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.common.errors import NotFoundError, PortInUseError, RetryableStorageError
+from services.common.errors import KelvinError, NotFoundError, PortInUseError, RetryableStorageError
 from services.common.http import HttpServer, HttpService, health_router, install_error_handlers
 from services.common.metrics import ServiceMetrics
 
@@ -82,3 +82,56 @@ async def test_http_service_stop_is_idempotent_and_closes() -> None:
     await svc.stop()
     await svc.stop()
     assert closed == [1]
+
+
+class _Bad(KelvinError):
+    reason = "bad_widget"
+    position = 4
+
+
+class _Huge(KelvinError):
+    reason = "too_large"
+    http_status = 413
+
+
+async def test_counted_bad_input_names_reason_position_and_status() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    rejects = Counter("rejects", "bad input", ["reason"], registry=CollectorRegistry())
+    app = FastAPI()
+    install_error_handlers(app, rejects)
+
+    @app.get("/bad")
+    async def bad() -> None:
+        raise _Bad("widget expected at position 5")
+
+    @app.get("/huge")
+    async def huge() -> None:
+        raise _Huge("body beyond 1 MB")
+
+    @app.get("/typed")
+    async def typed(n: int) -> int:
+        return n
+
+    server = HttpServer(app, "127.0.0.1", 0, "test HTTP")
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            r = await client.get("/bad")
+            assert r.status_code == 400
+            assert r.json() == {
+                "error": "bad_widget",
+                "detail": "widget expected at position 5",
+                "position": 5,
+            }
+            assert (await client.get("/huge")).status_code == 413
+            r = await client.get("/typed", params={"n": "x"})
+            assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+    finally:
+        await server.stop()
+    counts = {
+        s.labels["reason"]: s.value
+        for s in rejects.collect()[0].samples
+        if s.name == "rejects_total"
+    }
+    assert counts == {"bad_widget": 1.0, "too_large": 1.0, "invalid_request": 1.0}
