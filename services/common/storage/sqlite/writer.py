@@ -33,7 +33,7 @@ import numpy as np
 from services.common.readings import Batch, Float64Array, Int64Array
 from services.common.storage import chunks
 from services.common.storage.chunks import Piece
-from services.common.storage.sqlite_schema import SEAL_POINTS, SEALED
+from services.common.storage.sqlite.schema import SEAL_POINTS, SEALED
 
 FANOUT = 16
 """Open chunks of one level that merge into one of the next level (16 measured

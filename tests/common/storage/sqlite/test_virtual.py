@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from services.common.storage import virtual_chunks as vc
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
-from services.common.storage.sqlite_schema import SCHEMA_VERSION, TABLES_V2
+from services.common.storage.sqlite.schema import SCHEMA_VERSION, TABLES_V2
 
 _writes = st.tuples(
     st.just("write"),

@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from services.common.sensors import JobRecord, SensorMetadata
-from services.common.storage import sqlite_virtual
+from services.common.storage.sqlite import virtual as sqlite_virtual
 
 
 # ---------------------------------------------------------------------- hierarchy

@@ -1,9 +1,9 @@
 """The embedded default backend: one SQLite file in WAL mode, no server to run.
 
 Readings are staged one row per write and compacted into per-sensor columnar
-chunks (:mod:`.sqlite_writer`, :mod:`.sqlite_reader`), virtual results into chunks
-of their own (:mod:`.sqlite_virtual`); metadata, virtual definitions and jobs are
-plain tables (:mod:`.sqlite_catalog`). One writer connection on a dedicated thread
+chunks (:mod:`.writer`, :mod:`.reader`), virtual results into chunks
+of their own (:mod:`.virtual`); metadata, virtual definitions and jobs are
+plain tables (:mod:`.catalog`). One writer connection on a dedicated thread
 (SQLite allows one writer at a time); reads run on a small pool of reader
 threads, each with its own connection, inside a read transaction so that a
 read never sees half of a compaction. Several instances (in one process or
@@ -33,8 +33,6 @@ from services.common.errors import (
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage import chunks
-from services.common.storage import sqlite_catalog as cat
-from services.common.storage import sqlite_virtual as vir
 from services.common.storage.base import (
     Child,
     StorageBackend,
@@ -44,15 +42,17 @@ from services.common.storage.base import (
 )
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import SqliteSettings
-from services.common.storage.sqlite_reader import (
+from services.common.storage.sqlite import catalog as cat
+from services.common.storage.sqlite import virtual as vir
+from services.common.storage.sqlite.reader import (
     StagedCache,
     chunk_pieces,
     modified_since,
     newest_ts,
     staged_pieces,
 )
-from services.common.storage.sqlite_schema import SCHEMA_VERSION, ensure_schema
-from services.common.storage.sqlite_writer import ChunkStore, log_delete, prune_writes
+from services.common.storage.sqlite.schema import SCHEMA_VERSION, ensure_schema
+from services.common.storage.sqlite.writer import ChunkStore, log_delete, prune_writes
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

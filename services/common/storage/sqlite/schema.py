@@ -16,7 +16,7 @@ Version 2 layout (readings):
 - ``writes``: one small row per write, for ``modified_since``.
 
 Version 3 (virtual results): ``virtual_points`` (one row per point) became
-``virtual_chunks`` (columnar chunks, :mod:`.sqlite_virtual`), and
+``virtual_chunks`` (columnar chunks, :mod:`.virtual`), and
 ``virtual_ranges`` gained an index on its end.
 """
 
@@ -28,7 +28,8 @@ from collections.abc import Callable
 import numpy as np
 
 from services.common.errors import PermanentStorageError
-from services.common.storage import chunks, sqlite_virtual
+from services.common.storage import chunks
+from services.common.storage.sqlite import virtual as sqlite_virtual
 
 SCHEMA_VERSION = 3
 SEALED = -1

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from services.common.errors import PermanentStorageError, RetryableStorageError
 from services.common.readings import Batch, Series
 from services.common.sensors import SensorMetadata
-from services.common.storage.influx_protocol import (
+from services.common.storage.influxdb import InfluxStorage
+from services.common.storage.influxdb.protocol import (
     SENTINELS,
     decode_values,
     encode_values,
@@ -30,7 +31,6 @@ from services.common.storage.influx_protocol import (
     parse_csv,
     tag_value,
 )
-from services.common.storage.influxdb import InfluxStorage
 from services.common.storage.settings import InfluxSettings
 from tests.support.influxdb import InfluxDB
 from tests.support.servers import free_port

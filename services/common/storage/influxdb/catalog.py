@@ -40,8 +40,8 @@ from services.common import names
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage.base import VirtualResults
-from services.common.storage.influx_http import InfluxHttp, rows
-from services.common.storage.influx_protocol import (
+from services.common.storage.influxdb.http import InfluxHttp, rows
+from services.common.storage.influxdb.protocol import (
     MAX_TIME_NS,
     MIN_TIME_NS,
     field_string,

@@ -20,7 +20,7 @@ from services.common.errors import PermanentStorageError
 from services.common.readings import Batch, Series
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
-from services.common.storage.sqlite_schema import SCHEMA_VERSION, TABLES_V1
+from services.common.storage.sqlite.schema import SCHEMA_VERSION, TABLES_V1
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ series and time = overwrite) gives last-write-wins. Writes are at-least-once
 (:attr:`atomic_writes` is False): a batch larger than ``write_lines`` goes out
 in several requests, and a failure after the first leaves those stored; the
 caller's retry of the whole batch is idempotent. Everything else is stored in
-the same database (:mod:`.influx_catalog`).
+the same database (:mod:`.catalog`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from services.common import names
 from services.common.errors import PermanentStorageError, StorageError
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
-from services.common.storage import influx_catalog as ic
 from services.common.storage.base import (
     Child,
     StorageBackend,
@@ -38,9 +37,10 @@ from services.common.storage.base import (
     check_names,
     children_of,
 )
-from services.common.storage.influx_catalog import InfluxCatalog
-from services.common.storage.influx_http import InfluxHttp, rows
-from services.common.storage.influx_protocol import (
+from services.common.storage.influxdb import catalog as ic
+from services.common.storage.influxdb.catalog import InfluxCatalog
+from services.common.storage.influxdb.http import InfluxHttp, rows
+from services.common.storage.influxdb.protocol import (
     MAX_TIME_NS,
     MIN_TIME_NS,
     check_identifier,
@@ -117,7 +117,7 @@ class InfluxStorage(StorageBackend):
                 raise
             # 2.x has no CREATE DATABASE: create the bucket a v1 write maps to.
             # 3.x creates databases on first write.
-            from services.common.storage.influx_v2 import ensure_buckets
+            from services.common.storage.influxdb.v2 import ensure_buckets
 
             await asyncio.to_thread(ensure_buckets, s)
             return
@@ -169,7 +169,7 @@ class InfluxStorage(StorageBackend):
             return [cache[k] for k in keys]
 
     def _log_line(self, batch: Batch) -> str:
-        """The write-log point of ``batch`` (see :mod:`.influx_catalog`)."""
+        """The write-log point of ``batch`` (see :mod:`.catalog`)."""
         counts = batch.counts
         nonempty = np.flatnonzero(counts)
         mins = np.minimum.reduceat(batch.timestamps_ns, batch.offsets[:-1][nonempty])
