@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.allocator.jobs import MAX_RUNTIME_S
 from services.allocator.policies import REGISTRY
 from services.allocator.runtime import AllocatorCore
-from services.common.auth import bearer
 from services.common.errors import ConfigError, NotFoundError
+from services.common.http import bearer
 
 
 class JobIn(BaseModel):

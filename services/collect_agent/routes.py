@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse
 from services.collect_agent import line_protocol
 from services.collect_agent.spool import SpoolError
 from services.common import names
-from services.common.auth import bearer
 from services.common.errors import NotFoundError, SensorNameError, TimeSpecError
+from services.common.http import bearer
 from services.common.times import parse_duration_ns
 
 if TYPE_CHECKING:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 
+from services.common.auth import Credentials, Role, token_from_headers
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
 from services.common.logs import RateLimitedLog
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
@@ -24,6 +26,67 @@ log = logging.getLogger(__name__)
 _bad_input_log = RateLimitedLog(log, 10.0)
 
 ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+def requires(role: Role) -> Any:
+    """A route dependency: the request needs a credential of ``role`` (or one above it).
+
+    The app's credentials are ``app.state.credentials`` (a :class:`Credentials`, or a
+    callable returning one, read on every request so that a reload takes effect).
+    Declare it where the route is declared, ``dependencies=[requires(Role.ADMIN)]``;
+    the returned object carries ``kelvin_role`` so tests can enumerate every route's role.
+    """
+
+    async def check(request: Request) -> None:
+        creds = getattr(request.app.state, "credentials", None)
+        if callable(creds):
+            creds = creds()
+        if not isinstance(creds, Credentials):
+            # Secure by default: an app that never set its credentials refuses.
+            creds = Credentials()
+        token = token_from_headers(request.headers.get, request.query_params.get("p"))
+        denied = creds.decide(token, role)
+        if denied is not None:
+            raise HTTPException(
+                status_code=denied.status,
+                detail=denied.message,
+                headers={"WWW-Authenticate": 'Bearer realm="kelvin"'},
+            )
+
+    check.kelvin_role = role  # type: ignore[attr-defined]
+    return Depends(check)
+
+
+def route_role(dependant_calls: list[Callable[..., Any]]) -> Role | None:
+    """The role a route declared through :func:`requires`, from its dependencies' calls."""
+    for call in dependant_calls:
+        role = getattr(call, "kelvin_role", None)
+        if isinstance(role, Role):
+            return role
+    return None
+
+
+def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine[Any, Any, None]]:
+    """A FastAPI dependency: require ``Authorization: Bearer <token>`` when a token is set.
+
+    Superseded by :func:`requires` (roles); kept while routes move over.
+    ``get_token`` is read on every call so that a configuration reload takes effect.
+    """
+
+    async def check(request: Request) -> None:
+        token = get_token()
+        if not token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+            raise HTTPException(
+                status_code=status.HTTP_401_UNAUTHORIZED,
+                detail="missing or wrong bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="kelvin"'},
+            )
+
+    return check
 
 
 class _Server(uvicorn.Server):

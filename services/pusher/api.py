@@ -14,9 +14,8 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Query
 from pydantic import BaseModel
 
 from services.common import names
-from services.common.auth import bearer
 from services.common.errors import NotFoundError
-from services.common.http import health_router, install_error_handlers
+from services.common.http import bearer, health_router, install_error_handlers
 
 if TYPE_CHECKING:
     from services.pusher.app import PusherService

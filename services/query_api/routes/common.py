@@ -9,8 +9,8 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from services.common import times
-from services.common.auth import bearer
 from services.common.errors import KelvinError, TimeSpecError
+from services.common.http import bearer
 from services.query_api.context import ApiContext
 
 Dependency = Callable[[Request], Coroutine[Any, Any, None]]
