@@ -74,6 +74,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def create_router(agent: CollectAgent) -> APIRouter:
     router = APIRouter()
     s = agent.settings
+    lines = line_protocol.LineProtocol(s.influx_measurements, s.influx_prefix)
     auth = Depends(bearer(lambda: agent.settings.api_token))
 
     # ------------------------------------------------------------------ InfluxDB compatible
@@ -102,15 +103,14 @@ def create_router(agent: CollectAgent) -> APIRouter:
             reason = "too_large" if exc.status_code == 413 else "bad_gzip"
             ing.reject(None, reason, f"HTTP /write from {request.client}: {exc.detail}")
             raise
+        if not body.isascii():
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError:
+                ing.reject(None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8")
+                return JSONResponse({"error": "body is not UTF-8"}, status_code=400)
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            ing.reject(None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8")
-            return JSONResponse({"error": "body is not UTF-8"}, status_code=400)
-        try:
-            res = line_protocol.parse(
-                text, precision, time.time_ns(), s.influx_measurements, s.influx_prefix
-            )
+            res = lines.parse(body, precision, time.time_ns())
         except line_protocol.LineProtocolError as exc:
             ing.reject(None, exc.reason, str(exc))
             return JSONResponse({"error": str(exc)}, status_code=400)
