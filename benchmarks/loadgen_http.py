@@ -19,6 +19,7 @@ response), readings/s, the wall-clock start, and the count of each status.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import selectors
 import socket
@@ -127,10 +128,8 @@ def post_all(
             if mask & selectors.EVENT_WRITE:
                 if not c.out and not c.waiting and c.todo:
                     c.out = memoryview(c.todo.pop())
-                try:
+                with contextlib.suppress(BlockingIOError):
                     c.out = c.out[c.sock.send(c.out) :]
-                except BlockingIOError:
-                    pass
                 if not c.out:
                     c.waiting = True
             if mask & selectors.EVENT_READ:

@@ -376,4 +376,3 @@ class Ingestor:
         self.check_pressure()
         async with self._committed:
             self._committed.notify_all()
-

@@ -107,7 +107,9 @@ def create_router(agent: CollectAgent) -> APIRouter:
             try:
                 body.decode("utf-8")
             except UnicodeDecodeError:
-                ing.reject(None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8")
+                ing.reject(
+                    None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8"
+                )
                 return JSONResponse({"error": "body is not UTF-8"}, status_code=400)
         try:
             res = lines.parse(body, precision, time.time_ns())

@@ -46,7 +46,10 @@ class _Class:
             cols = max(self.used + fresh, 2 * self.ts.shape[1], 64)
             ts = np.zeros((self.cap, cols), np.int64)
             vs = np.zeros((self.cap, cols), np.float64)
-            ts[:, : self.used], vs[:, : self.used] = self.ts[:, : self.used], self.vs[:, : self.used]
+            ts[:, : self.used], vs[:, : self.used] = (
+                self.ts[:, : self.used],
+                self.vs[:, : self.used],
+            )
             self.ts, self.vs = ts, vs
         out = np.concatenate((got, np.arange(self.used, self.used + fresh, dtype=np.int64)))
         self.used += fresh
@@ -190,4 +193,3 @@ class Rings:
         at = (int(self._pos[i]) - 1) % ring.cap
         row = int(self._row[i])
         return int(ring.ts[at, row]), float(ring.vs[at, row])
-

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 
+from services.collect_agent.line_protocol.scan import line_end
+
 _PLAIN = "abcxyzAB019_-./"
 _ESCAPES = ["\\ ", "\\,", "\\=", '\\"', "\\\\", "\\"]
 _ODD = ["é", "²", "+", "#", "\t", "\x00", '"', "=", ",", " ", "\r"]
@@ -45,10 +47,12 @@ _BOOLS = ["t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE",
           "yes", "truee", "t0"]  # fmt: skip
 
 
-def value(r: random.Random) -> str:
+def value(r: random.Random, open_quotes: bool = True) -> str:
     c = r.random()
     if c < 0.35:
-        return r.choice([repr(r.uniform(-1e6, 1e6)), f"{r.uniform(0, 1000):.2f}", str(r.randint(0, 99))])
+        return r.choice(
+            [repr(r.uniform(-1e6, 1e6)), f"{r.uniform(0, 1000):.2f}", str(r.randint(0, 99))]
+        )
     if c < 0.45:
         return repr(r.random() * 10 ** r.randint(-30, 30))
     if c < 0.55:
@@ -58,8 +62,11 @@ def value(r: random.Random) -> str:
     if c < 0.75:
         return r.choice(_BOOLS)
     if c < 0.9:
-        text = "".join(r.choice(['a', ' ', ',', '=', '\\"', '\\\\', 'é', '\n', 'x']) for _ in range(r.randint(0, 8)))
-        return f'"{text}"' if r.random() < 0.9 else f'"{text}'
+        text = "".join(
+            r.choice(["a", " ", ",", "=", '\\"', "\\\\", "é", "\n", "x"])
+            for _ in range(r.randint(0, 8))
+        )
+        return f'"{text}"' if r.random() < 0.9 or not open_quotes else f'"{text}'
     return "".join(r.choice("0123456789.-+eEiu") for _ in range(r.randint(1, 10)))
 
 
@@ -77,12 +84,20 @@ def timestamp(r: random.Random, precision: str) -> str:
                      "9223372036854775806", "-9223372036854775806", "12x", "1.5", "²", "+5"])  # fmt: skip
 
 
-def line(r: random.Random, precision: str, suffix: str = "", plain: bool = False) -> str:
-    """One line; ``suffix`` is appended to every field key (to tell lines apart)."""
+def line(
+    r: random.Random,
+    precision: str,
+    suffix: str = "",
+    plain: bool = False,
+    open_quotes: bool = True,
+) -> str:
+    """One line; ``suffix`` and the field's number are appended to every field key (to tell
+    lines and fields apart)."""
     name = plain_token if plain else token
     keys = sorted({name(r) for _ in range(r.randint(0, 3))})
-    if not plain and r.random() < 0.1:
-        keys.append(r.choice(keys + ["time"]) if keys else "time")
+    timely = not plain and open_quotes  # tags and fields named time
+    if not plain and r.random() < 0.1 and (keys or timely):
+        keys.append(r.choice([*keys, "time"] if timely else keys))  # a repeated key
     if not plain and r.random() < 0.2:
         r.shuffle(keys)
     tags = "".join(f",{k}={name(r)}" for k in keys)
@@ -90,8 +105,9 @@ def line(r: random.Random, precision: str, suffix: str = "", plain: bool = False
         tags += r.choice([",", ",k", ",k=", ",=v", ",k=v=w"])
     nfields = r.randint(1, 4)
     fields = ",".join(
-        f"{'time' if not plain and r.random() < 0.05 else name(r)}{suffix}={value(r)}"
-        for _ in range(nfields)
+        f"{'time' if timely and r.random() < 0.05 else name(r)}{suffix and f'{suffix}_{j}'}"
+        f"={value(r, open_quotes)}"
+        for j in range(nfields)
     )
     ts = timestamp(r, precision)
     sep = " " if plain or r.random() < 0.85 else r.choice(["  ", "\t", " \t"])
@@ -120,17 +136,23 @@ def mutate(r: random.Random, text: str, n: int) -> str:
 
 
 def body(r: random.Random, lines: int, precision: str = "ns", unique: bool = False) -> str:
+    """``unique``: every field key carries its line's number, no line runs on into the next
+    (no open quote, no backslash or CRLF at a line's end) and none is named ``time`` (InfluxDB
+    then reports only the points it dropped, not the lines it could not parse)."""
     out = []
     for i in range(lines):
         c = r.random()
         if c < 0.03:
-            out.append(r.choice(["", "   ", "# a comment, with = and \"", "#"]))
+            out.append(r.choice(["", "   ", '# a comment, with = and "', "#"]))
             continue
-        text = line(r, precision, f"x{i}" if unique else "", plain=c < 0.4)
+        text = line(r, precision, f"x{i}" if unique else "", c < 0.4, open_quotes=not unique)
         if c > 0.9:
             text = mutate(r, text, r.randint(1, 3))
+        if unique and line_end(text.encode() + b"\nm v=1", 0) != len(text.encode()):
+            continue  # it would run on into the next line
         out.append(text)
-    return r.choice(["\n", "\n", "\n", "\r\n"]).join(out) + r.choice(["", "\n"])
+    end = "\n" if unique else r.choice(["\n", "\n", "\n", "\r\n"])
+    return end.join(out) + r.choice(["", "\n"])
 
 
 def uniform_body(r: random.Random, lines: int, precision: str = "ns") -> str:
@@ -141,7 +163,9 @@ def uniform_body(r: random.Random, lines: int, precision: str = "ns") -> str:
     out = []
     for _ in range(lines):
         tags = "".join(f",{k}={plain_token(r)}" for k in keys)
-        vals = ",".join(f"{f}={value(r) if r.random() < 0.2 else repr(r.uniform(-1e4, 1e4))}" for f in fields)
+        vals = ",".join(
+            f"{f}={value(r) if r.random() < 0.2 else repr(r.uniform(-1e4, 1e4))}" for f in fields
+        )
         ts = f" {timestamp(r, precision) or 1}" if has_ts else ""
         out.append(f"m{tags} {vals}{ts}")
     return "\n".join(out) + "\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from services.collect_agent import mqtt_packets as mp
@@ -125,4 +124,3 @@ async def test_spool_failure_acks_nothing_and_closes(tmp_path: Path) -> None:
     assert sink.acks == [] and sink.failed and not ing.spool_ok
     assert isinstance(fut.exception(), SpoolError)
     await spool.close()
-

@@ -93,7 +93,9 @@ def test_hand_picked_edges() -> None:
 def test_a_hash_collision_costs_speed_not_correctness(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every string hashes alike: the tables refuse all but the first, and those lines
     go to the reference, which names them right."""
-    monkeypatch.setattr(SpanTable, "_hash", lambda self, rows, lens: np.full(lens.shape[0], 7, np.uint64))
+    monkeypatch.setattr(
+        SpanTable, "_hash", lambda self, rows, lens: np.full(lens.shape[0], 7, np.uint64)
+    )
     lp = LineProtocol()
     body = "".join(f"m,host=n{i} v={i}.5 {i}\n" for i in range(50))
     got = same(body, "ns", lp)

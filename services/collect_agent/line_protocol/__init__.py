@@ -86,7 +86,7 @@ def read_line(
         named += 1
         if not raw:  # InfluxDB's field iterator reads some escaped layouts so: no value
             continue
-        value = scan.field_value(raw)
+        value = scan.field_value(raw, line)
         if value is None:
             strings += 1
             continue

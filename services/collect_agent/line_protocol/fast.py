@@ -175,7 +175,9 @@ class FastParser:
         out.line_of = lay.lines[f_line] + 1
 
     # ------------------------------------------------------------------ naming
-    def _sensor_names(self, body: bytes, buf: U8, lay: Layout, bad: Mask) -> npt.NDArray[np.object_]:
+    def _sensor_names(
+        self, body: bytes, buf: U8, lay: Layout, bad: Mask
+    ) -> npt.NDArray[np.object_]:
         """The sensor name of each field; its line marked bad where the fast path has none."""
         single = lay.f_line.shape[0] == lay.lines.shape[0]  # one field per line
         first = np.arange(lay.f_line.shape[0]) if single else np.flatnonzero(lay.f_first)
@@ -278,7 +280,9 @@ class FastParser:
             return None
         return self.naming.head(_text(measurement), [_text(v) for _, v in pairs])
 
-    def _name(self, names: _Names, ids: I64, kid: I64, body: bytes, lay: Layout, fields: I64) -> None:
+    def _name(
+        self, names: _Names, ids: I64, kid: I64, body: bytes, lay: Layout, fields: I64
+    ) -> None:
         """Name the sensors of new table ids (-1: a hash collision, left to the reference)."""
         valid = ids >= 0
         if not valid.any():

@@ -48,7 +48,9 @@ _LEFT = (_cols[None, :] < np.arange(W + 1)[:, None]).view(np.uint8)
 _LEAD = (_cols[None, :] == W - np.arange(W + 1)[:, None]).view(np.uint8)
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=np.uint64)
 MAX_WORDS = 32
-_WORD_MASKS = _MASKS[np.clip(np.arange(8 * MAX_WORDS + 1)[:, None] - 8 * np.arange(MAX_WORDS), 0, 8)]
+_WORD_MASKS = _MASKS[
+    np.clip(np.arange(8 * MAX_WORDS + 1)[:, None] - 8 * np.arange(MAX_WORDS), 0, 8)
+]
 """Row ``n``: the word masks keeping the first ``n`` bytes of a string."""
 
 
@@ -82,7 +84,7 @@ def _any(flags: U8) -> Mask:
 def _count(flags: U8) -> I64:
     """Ones per row of a (m, 24) 0/1 byte matrix."""
     w = flags.view(np.uint64)
-    return (((w[:, 0] + w[:, 1] + w[:, 2]) * _ONES) >> np.uint64(56)).view(np.int64)  # type: ignore[no-any-return]
+    return (((w[:, 0] + w[:, 1] + w[:, 2]) * _ONES) >> np.uint64(56)).view(np.int64)
 
 
 def right(buf: U8, starts: I64, lens: I64) -> tuple[U8, U8]:
