@@ -90,7 +90,8 @@ def create_router(agent: CollectAgent) -> APIRouter:
             return JSONResponse({"error": "authorization failed"}, status_code=401)
         ing = agent.ingestor
         try:
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
+            if ing.paused:  # wait_for costs a task: only when there is something to wait for
+                await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
         except TimeoutError:
             return JSONResponse(
                 {"error": "spool full (storage behind); retry later"},
