@@ -38,8 +38,9 @@ Mask = npt.NDArray[np.bool_]
 _SPECIAL = (b'"', b"\\", b"\t", b"\x00")
 MAX_SPAN = 8 * num.MAX_WORDS - 8
 """Longest key + first field (or field key) looked up; longer lines take the reference path."""
-MAX_SENSORS = 1 << 20
-"""Sensors remembered; past this every table starts again (memory stays bounded)."""
+MAX_SENSORS = 1 << 18
+"""Sensors remembered; past this every table starts again, so memory stays bounded
+(at most ~100 MB with keys of the longest kind looked up, ~40 MB with usual ones)."""
 
 
 @dataclass(slots=True)
