@@ -25,7 +25,7 @@ from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
-from services.collect_agent.spool import Spool
+from services.collect_agent.spool import DamageReport, Spool
 from services.collect_agent.subscriber import Subscriber
 from services.collect_agent.writer import Writer
 from services.common.cache import SensorCache
@@ -61,6 +61,8 @@ class CollectAgent(HttpService):
             settings.spool_memory_bytes,
         )
         self.ingestor = Ingestor(self.spool, self.metrics, self.cache, settings.commit_delay_ms)
+        self.spool.on_released.append(self.ingestor.check_pressure)
+        self.spool.on_damage = self._count_damage
         self.storage: StorageBackend | None = storage
         self.writer: Writer | None = None
         self.mqtt: MqttServer | None = None
@@ -87,6 +89,12 @@ class CollectAgent(HttpService):
         if self.cache is not None:
             cache = self.cache
             m.cache_sensors.set_function(lambda: len(cache))
+
+    def _count_damage(self, d: DamageReport) -> None:
+        kind = "incomplete" if d.incomplete else "damaged"
+        self.metrics.damaged_bytes.labels(kind).inc(d.size)
+        self.metrics.damaged_records.labels(kind).inc(d.records)
+        self.metrics.damaged_readings.labels(kind).inc(d.readings)
 
     @property
     def mqtt_port(self) -> int | None:
@@ -181,7 +189,6 @@ class CollectAgent(HttpService):
             self.metrics,
             self.settings.writer_batch_readings,
             self.settings.writer_retry_max_s,
-            on_release=self.ingestor.check_pressure,
         )
         writer = self.writer.start()
         while not writer.done():
@@ -244,6 +251,18 @@ class CollectAgent(HttpService):
                 "pending_readings": self.spool.pending_readings,
                 "pending_records": self.spool.pending_records,
                 "replayed_readings": self.spool.replayed_readings,
+                "damaged": [
+                    {
+                        "segment": d.segment,
+                        "offset": d.offset,
+                        "bytes": d.size,
+                        "incomplete": d.incomplete,
+                        "readings": d.readings,
+                        "kept": str(d.kept),
+                    }
+                    for d in self.spool.damage
+                ],
+                "fsync_errors": self.spool.fsync_errors,
                 "fsync": self.spool.fsync,
             },
             "storage": {

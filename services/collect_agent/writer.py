@@ -5,9 +5,9 @@ Consecutive readings records are concatenated into one storage write of up to
 storage is retried with exponential back-off for as long as it fails — the
 spool grows meanwhile and the ingest side applies back-pressure at the quota.
 Only a record that storage rejects *permanently* (retrying cannot help), or
-that no longer decodes from the spool file (damaged on disk), is set aside: it
-goes to ``quarantine.wal`` in the spool directory, counted and logged, never
-silently lost.
+that no longer decodes, is set aside: it goes to ``quarantine.wal`` in the spool
+directory, counted and logged, never silently lost. A record whose bytes fail
+their CRC when read back goes to the spool's ``damaged/`` directory at once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from services.collect_agent import spool_format as fmt
@@ -45,14 +44,12 @@ class Writer:
         metrics: AgentMetrics,
         batch_readings: int = 200_000,
         retry_max_s: float = 5.0,
-        on_release: Callable[[], None] | None = None,
     ) -> None:
         self.spool = spool
         self.storage = storage
         self.metrics = metrics
         self.batch_readings = batch_readings
         self.retry_max_s = retry_max_s
-        self.on_release = on_release
         self.readings_written = 0
         self.failing_since: float | None = None
         self.last_error: str | None = None
@@ -126,15 +123,20 @@ class Writer:
             backoff = 0.05
             unknown_failures = 0
             await self.spool.release(len(entries))
-            if self.on_release is not None:
-                self.on_release()
 
     async def _store(self, entries: list[Entry], isolate: bool) -> None:
         pending: list[Batch] = []
         for e in entries:
+            if e.damaged:
+                continue
             try:
                 item = await self.spool.load(e)
-            except Exception as exc:  # damaged on disk: set aside, or it stalls everything after
+            except fmt.CorruptRecord:
+                # Its bytes on disk fail their CRC: retrying cannot help, and it must not
+                # stall everything after it. Set aside (counted, logged) and go on.
+                await self.spool.set_aside(e)
+                continue
+            except Exception as exc:  # intact but undecodable: set aside after the retries
                 if not isolate or isinstance(exc, OSError):
                     raise
                 body = await self.spool.read_body(e)
