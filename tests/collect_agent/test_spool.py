@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import random
@@ -432,3 +433,25 @@ async def test_a_second_agent_on_the_same_spool_is_refused(tmp_path: Path) -> No
     await first.close()
     await second.open()  # free again once the first has closed
     await second.close()
+
+
+async def test_wait_empty_wakes_only_after_the_drained_disk_is_freed(tmp_path: Path) -> None:
+    """Who waits for "empty" sees the quota freed and back-pressure listeners already told
+    (the race behind a writer test that found the ingestor still paused)."""
+    spool = Spool(tmp_path, segment_bytes=1 << 16, max_bytes=1 << 18)
+    await spool.open()
+    while not spool.over_quota:
+        await spool.append(items([batch(0, 2000)]))
+    told: list[bool] = []
+    spool.on_released.append(lambda: told.append(spool.over_quota))
+
+    async def waiter() -> tuple[bool, list[bool]]:
+        await spool.wait_empty()
+        return spool.over_quota, list(told)
+
+    woken = asyncio.create_task(waiter())
+    await asyncio.sleep(0)  # the waiter waits before the drain starts
+    await drain(spool)
+    over, seen = await woken
+    assert not over and seen and seen[-1] is False
+    await spool.close()
