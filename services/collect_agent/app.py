@@ -5,8 +5,9 @@ Ways in (built-in MQTT endpoint, external-broker subscription, HTTP ``/write``)
 -> :class:`~.spool.Spool` (write-ahead, on disk) -> :class:`~.writer.Writer`
 -> storage. Start: storage (in the background if it is down: the spool takes
 readings meanwhile), spool replay, writer, ingestor, listeners. Stop: stop
-reading, commit and ack what was received, close listeners, drain the spool
-for a while, close storage.
+taking data (``/write`` 503, MQTT DISCONNECT 0x8B), commit and ack what was
+read, close listeners, write the spool to storage for up to ``drain_timeout_s``
+(retrying while storage fails; HTTP still answers meanwhile), close storage.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class CollectAgent(HttpService):
         self.subscriber: Subscriber | None = None
         self.rates = Rates()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.draining: float | None = None
+        """When the drain began (monotonic s), None while taking data."""
+        self.drained: dict[str, Any] | None = None
+        """What the drain wrote: readings, seconds, readings_per_s, left."""
         self._scales_loaded = asyncio.Event()
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
         install_error_handlers(app)
@@ -79,6 +84,8 @@ class CollectAgent(HttpService):
             "collect-agent", app, settings.host, settings.port, "--collect-agent-port", access
         )
         self._gauges()
+        # The runner must not cut the drain short: its time plus HTTP's own shutdown.
+        self.stop_timeout_s = settings.drain_timeout_s + 15.0
 
     def _gauges(self) -> None:
         m = self.metrics
@@ -106,6 +113,8 @@ class CollectAgent(HttpService):
         return self.cache
 
     def _ready(self) -> tuple[bool, str]:
+        if self.draining is not None:
+            return False, "draining: shutting down, taking no new data"
         if not self.ingestor.spool_ok:
             return False, f"the spool in {self.spool.dir} refuses writes (disk full?)"
         if self.ingestor.paused:
@@ -182,7 +191,8 @@ class CollectAgent(HttpService):
             except Exception as exc:  # the spool holds readings until storage answers
                 log.warning("storage not reachable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.writer_retry_max_s)
+                cap = 0.5 if self.draining is not None else self.settings.writer_retry_max_s
+                delay = min(delay * 2, cap)
         self.writer = Writer(
             self.spool,
             self.storage,
@@ -215,16 +225,89 @@ class CollectAgent(HttpService):
             self.rates.sample(self.ingestor.readings_spooled, w)
             await asyncio.sleep(1.0)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """SIGTERM: drain while HTTP still answers (``/write`` 503, ``/readyz`` 503), then
+        stop HTTP and close."""
+        if not self._stopped:
+            await self.drain()
+        await super().stop()
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Take no new data, acknowledge what was read, then keep writing the spool to
+        storage for up to ``timeout_s`` (default ``drain_timeout_s``), retrying while
+        storage fails. What is left stays in ``spool_dir``. Idempotent."""
+        if self.draining is not None:
+            return
+        timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        self.draining = t0
+        self.ingestor.drain()  # every ingest path refuses from here (HTTP: 503, Retry-After)
         if self.mqtt is not None:
+            # A few loop turns first: each connection reads what the kernel already holds
+            # (sent before the drain), so it is acknowledged below instead of lost to the
+            # reset that closing a socket with unread data causes (the client would resend).
+            for _ in range(3):
+                await asyncio.sleep(0)
             self.mqtt._on_pressure(True)  # stop reading; what was read gets committed and acked
         if self.subscriber is not None:
             await self.subscriber.stop()
         await self.ingestor.stop()
         if self.mqtt is not None:
+            # Closes every connection (MQTT 5: DISCONNECT 0x8B "server shutting down"):
+            # pushers reconnect through the Service to another agent.
             await self.mqtt.stop()
+        pending = self.spool.pending_readings
+        if pending and timeout > 0:
+            log.info(
+                "draining: taking no new data; writing %d spooled readings to storage "
+                "for up to %g s",
+                pending,
+                timeout,
+            )
+            deadline = t0 + timeout
+            while self.spool.pending_records and time.monotonic() < deadline:
+                if self.writer is not None:
+                    self.writer.hurry()
+                empty = asyncio.ensure_future(self.spool.wait_empty())
+                await asyncio.wait({empty}, timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                empty.cancel()
+        left = self.spool.pending_readings
+        elapsed = time.monotonic() - t0
+        self.drained = {
+            "readings": pending - left,
+            "seconds": round(elapsed, 3),
+            "readings_per_s": round((pending - left) / elapsed, 1) if elapsed > 0 else 0.0,
+            "left": left,
+        }
+        if not left:
+            if pending:
+                log.info(
+                    "drained: %d readings written in %.2f s (%.0f readings/s); spool empty",
+                    pending,
+                    elapsed,
+                    self.drained["readings_per_s"],
+                )
+        elif self.settings.spool_ephemeral:
+            log.error(
+                "stopping with %d readings still spooled in %s (storage: %s); the spool is "
+                "ephemeral (an emptyDir): they are lost when this pod is deleted",
+                left,
+                self.spool.dir,
+                self.writer.last_error if self.writer else "not open",
+            )
+        else:
+            log.warning(
+                "stopping with %d readings still spooled in %s (storage: %s); they stay "
+                "there and are written after restart",
+                left,
+                self.spool.dir,
+                self.writer.last_error if self.writer else "not open",
+            )
+
+    async def close(self) -> None:
+        await self.drain(0)  # a start that failed: stop taking data, do not wait
         if self.writer is not None:
-            await self.writer.stop(self.settings.drain_timeout_s)
+            await self.writer.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -274,6 +357,8 @@ class CollectAgent(HttpService):
                 "last_error": w.last_error if w else None,
             },
             "backpressure": self.ingestor.paused,
+            "draining": self.draining is not None,
+            "drained": self.drained,
             "connections": len(self.mqtt.conns) if self.mqtt else 0,
             "broker_connected": self.subscriber.connected if self.subscriber else None,
             "rejected": dict(sorted(self.ingestor.rejected.items())),
