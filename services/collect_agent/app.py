@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
+from services.collect_agent.orphans import OrphanClaimer
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
 from services.collect_agent.spool import DamageReport, Spool
@@ -60,6 +61,7 @@ class CollectAgent(HttpService):
             settings.spool_segment_bytes,
             settings.spool_max_bytes,
             settings.spool_memory_bytes,
+            settings.spool_lock_wait_s,
         )
         self.ingestor = Ingestor(self.spool, self.metrics, self.cache, settings.commit_delay_ms)
         self.spool.on_released.append(self.ingestor.check_pressure)
@@ -68,6 +70,7 @@ class CollectAgent(HttpService):
         self.writer: Writer | None = None
         self.mqtt: MqttServer | None = None
         self.subscriber: Subscriber | None = None
+        self.claimer: OrphanClaimer | None = None
         self.rates = Rates()
         self._tasks: list[asyncio.Task[Any]] = []
         self.draining: float | None = None
@@ -154,6 +157,17 @@ class CollectAgent(HttpService):
         if s.broker is not None:
             self.subscriber = Subscriber(self.ingestor, self.metrics, s.broker)
             self._tasks.append(self.watch(self.subscriber.start()))
+        if s.spool_peers_dir is not None:
+            self.claimer = OrphanClaimer(
+                s.spool_dir,
+                s.spool_peers_dir,
+                lambda: self.storage if self.writer is not None else None,
+                self.metrics,
+                s.orphan_scan_s,
+                s.writer_batch_readings,
+                s.writer_retry_max_s,
+            )
+            self._tasks.append(self.watch(asyncio.create_task(self.claimer.run(), name="orphans")))
 
     async def _await_scales(self) -> None:
         """DCDB integers are scaled on arrival: learn the stored scales before taking any."""
@@ -242,6 +256,8 @@ class CollectAgent(HttpService):
         t0 = time.monotonic()
         self.draining = t0
         self.ingestor.drain()  # every ingest path refuses from here (HTTP: 503, Retry-After)
+        if self.claimer is not None:
+            self.claimer.stopping = True  # hands a claimed orphan back within 0.2 s
         if self.mqtt is not None:
             # A few loop turns first: each connection reads what the kernel already holds
             # (sent before the drain), so it is acknowledged below instead of lost to the

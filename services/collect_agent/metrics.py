@@ -57,6 +57,10 @@ class AgentMetrics:
             "Readings in skipped spool records (as far as their headers are readable)",
             ["kind"],
         )
+        self.orphan_readings = m.counter(
+            "spool_orphan_readings_total",
+            "Readings written to storage from spools this agent claimed (their agent gone)",
+        )
         self.storage_seconds = m.histogram(
             "storage_write_seconds", "Duration of one storage write", buckets=_LATENCY_BUCKETS
         )

@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,9 @@ from services.common.readings import Batch
 from services.common.sensors import JobRecord, SensorMetadata
 
 log = logging.getLogger(__name__)
+
+WANTED = "want"
+"""A file its owner creates in a spool directory another process holds: give it back."""
 
 Item = Batch | SensorMetadata | JobRecord
 FsyncPolicy = Literal["commit", "interval", "off"]
@@ -85,8 +89,12 @@ class Spool:
         segment_bytes: int = 64 << 20,
         max_bytes: int = 1 << 30,
         memory_bytes: int = 256 << 20,
+        lock_wait_s: float = 0.0,
     ) -> None:
+        """``lock_wait_s``: how long :meth:`open` waits for a directory another agent holds
+        (one draining it as an orphan hands it back when it sees :data:`WANTED`)."""
         self.dir = Path(directory)
+        self.lock_wait_s = lock_wait_s
         self.fsync = fsync
         self.fsync_interval_s = fsync_interval_ms / 1000
         self.segment_bytes = segment_bytes
@@ -167,17 +175,30 @@ class Spool:
     def _lock(self) -> None:
         """One agent per spool directory: two would interleave and delete each other's files."""
         fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o640)
+        deadline = time.monotonic() + self.lock_wait_s
+        wanted = self.dir / WANTED
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                        raise SpoolError(
+                            f"spool {self.dir} is in use by another collect agent (pid "
+                            f"{holder}); give each agent its own spool_dir"
+                        ) from None
+                    if not wanted.exists():
+                        wanted.write_text(str(os.getpid()))  # asks a claimer to hand it back
+                    time.sleep(0.05)
+        except BaseException:
             os.close(fd)
-            raise SpoolError(
-                f"spool {self.dir} is in use by another collect agent (pid {holder}); "
-                "give each agent its own spool_dir"
-            ) from None
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            wanted.unlink()
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
 
     def _replay(self) -> None:

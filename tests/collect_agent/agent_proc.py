@@ -44,7 +44,7 @@ class AgentProcess:
             "writer_retry_max_s": 0.2,
             **settings,
         }
-        self.sqlite = sqlite or workdir / 'kelvin.sqlite'
+        self.sqlite = sqlite or workdir / "kelvin.sqlite"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / f"agent-{name}.log"
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.slow
 
 TS0 = 1_764_500_000_000_000_000
 PER_MESSAGE = 10
-
-
-@pytest.fixture(scope="module")
-def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxDB]:
-    server = InfluxDB(tmp_path_factory.mktemp("influx-drain")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def agent(workdir: Path, name: str, server: InfluxDB, db: str, **settings: Any) -> AgentProcess:
