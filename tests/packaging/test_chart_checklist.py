@@ -211,7 +211,7 @@ def test_pusher_options_render(everything: Rendered) -> None:
     script = setup["args"][0]
     assert "energy_uj" in script and "chgrp 10001" in script and "chmod g+r" in script
     assert "a+r" not in script, "RAPL counters must not become world-readable (PLATYPUS)"
-    assert "chown 10001:10001 /var/lib/kelvin/pusher" in script
+    assert "chown 10001:10001 /host/pusher-state" in script
 
 
 def test_features_needing_cluster_resources_are_off_by_default(default: Rendered) -> None:

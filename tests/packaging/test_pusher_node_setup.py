@@ -13,11 +13,12 @@ import pytest
 
 from tests.packaging.chart import ChartRenderer
 
-STATE = "/var/lib/kelvin/pusher"
+STATE = "/host/pusher-state"
+"""Where the init container mounts the state directory."""
 
 
 def _setup(chart: ChartRenderer) -> tuple[str, list[str]]:
-    rendered = chart.render({"pusher": {"stateHostPath": STATE}})
+    rendered = chart.render({"pusher": {"stateHostPath": "/var/lib/kelvin/pusher"}})
     (init,) = rendered.workload("pusher")["spec"]["template"]["spec"]["initContainers"]
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["capabilities"]["drop"] == ["ALL"]

@@ -50,6 +50,6 @@ pusher (the chown, or the previous pod start), root may chmod it only with FOWNE
     {{- end }}
     {{- if .state }}
     - name: state
-      mountPath: /var/lib/kelvin/pusher
+      mountPath: /host/pusher-state
     {{- end }}
 {{- end }}
