@@ -22,6 +22,7 @@ test:
 # services from the image (about a minute; a few more the first time): not in `test`.
 image-test:
 	@scripts/bootstrap.sh test,plugins
+	@scripts/install-peers.sh image
 	KELVIN_IMAGE_TEST=1 $(BIN)/python -m pytest -q -ra -m image tests/packaging/test_image.py
 
 lint:
