@@ -9,8 +9,9 @@ acknowledged readings; then InfluxDB starts again and
   InfluxDB answering to the agent's "drained:" log line (its spool empty), and to its
   exit (0);
 
-beside the physical limit of the same layout: the InfluxDB backend's own ``write()``
-of the same rows in one process (what the agent's writer calls, without a spool).
+beside the reference of the same layout: the InfluxDB backend's own ``write()`` of the
+same rows from one process in 200k-reading batches (what the agent's writer calls,
+without a spool).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _run(
             exited = time.perf_counter() - t0
             return readings, _drained_at(agent.log) - wall0, exited
         while agent.stats()["spool"]["pending_readings"]:
-            time.sleep(0.01)
+            time.sleep(0.05)  # polling more often would load the agent it measures
         return readings, time.perf_counter() - t0, None
     finally:
         agent.stop()
@@ -198,15 +199,15 @@ def main(quick: bool = False) -> str:
                 rows.append((kind, readings, statistics.median(times[kind])))
         finally:
             server.stop()
-    limit = rows[-1][1] / rows[-1][2]  # the direct write
+    limit = rows[-1][1] / rows[-1][2]  # the reference: the direct write
     what = {
         "normal": "spool → InfluxDB, agent running (backlog after an outage)",
         "sigterm": "spool → InfluxDB during the SIGTERM drain (to the spool empty)",
         "exit": "the same, to the process's exit (HTTP, spool and storage closed)",
-        "direct": "InfluxDB backend `write()`, same rows, no spool (limit)",
+        "direct": "reference: the InfluxDB backend's `write()`, same rows, no spool",
     }
     out = [
-        "| path | readings | seconds | readings/s | of the limit |",
+        "| path | readings | seconds | readings/s | / reference |",
         "|---|---:|---:|---:|---:|",
     ]
     for kind, readings, seconds in rows:
