@@ -19,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,88 +29,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from benchmarks.loadgen_mqtt import TS0, dcdb_packets, publish
 from services.common.readings import Batch
 
 SENSORS = 1000
 PER_MESSAGE = 100
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _stats(agent: Any) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{agent.http_port}/api/v1/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
 
 
-class _Agent:
-    def __init__(self, workdir: Path, influx: dict[str, Any]) -> None:
-        self.http, self.mqtt = _free_port(), _free_port()
-        cfg = workdir / f"agent-{self.http}.yaml"
-        cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "collect_agent": {
-                        "host": "127.0.0.1",
-                        "port": self.http,
-                        "mqtt_port": self.mqtt,
-                        "spool_dir": str(workdir / f"spool-{self.http}"),
-                        "writer_retry_max_s": 0.05,
-                        "drain_timeout_s": 120,
-                        "scales_wait_s": 0,
-                        "spool_max_bytes": 4 << 30,
-                    },
-                    "storage": {"backend": "influxdb", "influxdb": influx},
-                }
-            )
-        )
-        self.log = workdir / f"agent-{self.http}.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.cli",
-                    "run",
-                    "collect-agent",
-                    "--config",
-                    str(cfg),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.stats()
-                return
-            except OSError as exc:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    log = self.log.read_text()[-2000:]
-                    raise RuntimeError(f"agent did not start: {log}") from exc
-                time.sleep(0.1)
-
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/api/v1/stats", timeout=10) as r:
-            return json.loads(r.read())  # type: ignore[no-any-return]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _fill(agent: _Agent, messages: int) -> int:
+def _fill(agent: Any, messages: int) -> int:
     packets = dcdb_packets(messages, PER_MESSAGE, SENSORS)
-    publish(agent.mqtt, packets, connections=4)
+    publish(agent.mqtt_port, packets, connections=4)
     readings = messages * PER_MESSAGE
-    while agent.stats()["spool"]["pending_readings"] < readings:
+    while _stats(agent)["spool"]["pending_readings"] < readings:
         time.sleep(0.05)
     return readings
 
@@ -126,12 +61,22 @@ def _drained_at(log: Path) -> float:
 def _run(
     kind: str, workdir: Path, server: Any, messages: int, run: int
 ) -> tuple[int, float, float | None]:
+    from tests.collect_agent.agent_proc import AgentProcess
+
     influx = server.settings(f"drain_{kind}_{run}", retries=0, timeout_s=30)
-    influx = influx.model_dump(mode="json")
-    agent = _Agent(workdir, influx)
+    agent = AgentProcess(
+        workdir,
+        f"{kind}-{run}",
+        storage={"backend": "influxdb", "influxdb": influx.model_dump(mode="json")},
+        writer_retry_max_s=0.05,
+        drain_timeout_s=120,
+        scales_wait_s=0,
+        spool_max_bytes=4 << 30,
+    ).start()
     try:
         server.stop()
         readings = _fill(agent, messages)
+        assert agent.proc is not None
         if kind == "sigterm":
             agent.proc.send_signal(signal.SIGTERM)
             while "draining: taking no new data" not in agent.log.read_text():
@@ -143,11 +88,12 @@ def _run(
                 raise RuntimeError(f"agent exited {agent.proc.returncode}")
             exited = time.perf_counter() - t0
             return readings, _drained_at(agent.log) - wall0, exited
-        while agent.stats()["spool"]["pending_readings"]:
+        while _stats(agent)["spool"]["pending_readings"]:
             time.sleep(0.05)  # polling more often would load the agent it measures
         return readings, time.perf_counter() - t0, None
     finally:
-        agent.stop()
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.kill9()
 
 
 async def _direct(server: Any, messages: int, run: int) -> tuple[int, float]:

@@ -13,6 +13,10 @@ import pytest
 
 from tests.packaging.chart import ChartRenderer
 
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv"
+)
+
 STATE = "/host/pusher-state"
 """Where the init container mounts the state directory."""
 
@@ -23,6 +27,13 @@ def _setup(chart: ChartRenderer) -> tuple[str, list[str]]:
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["capabilities"]["drop"] == ["ALL"]
     return init["args"][0], sc["capabilities"]["add"]
+
+
+def _host_dir(tmp_path: Path) -> Path:
+    """As the kubelet's DirectoryOrCreate leaves the host path: root's, 0755."""
+    state = tmp_path / "pusher"
+    state.mkdir(mode=0o755)
+    return state
 
 
 def _run(script: str, caps: list[str], state: Path) -> subprocess.CompletedProcess[str]:
@@ -43,15 +54,11 @@ def _run(script: str, caps: list[str], state: Path) -> subprocess.CompletedProce
     )
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv"
-)
 def test_state_dir_setup_works_with_the_granted_capabilities_and_again_after_a_restart(
     chart: ChartRenderer, tmp_path: Path
 ) -> None:
     script, caps = _setup(chart)
-    state = tmp_path / "pusher"
-    state.mkdir(mode=0o755)  # as the kubelet's DirectoryOrCreate leaves it: root's, 0755
+    state = _host_dir(tmp_path)
     for start in ("first start", "restart"):
         done = _run(script, caps, state)
         assert done.returncode == 0, f"{start}: {done.stderr}"
@@ -59,14 +66,10 @@ def test_state_dir_setup_works_with_the_granted_capabilities_and_again_after_a_r
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (10001, 10001, 0o750), start
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv"
-)
 def test_chown_alone_is_not_enough_which_is_why_the_chart_adds_fowner(
     chart: ChartRenderer, tmp_path: Path
 ) -> None:
     script, _ = _setup(chart)
-    state = tmp_path / "pusher"
-    state.mkdir(mode=0o755)
+    state = _host_dir(tmp_path)
     done = _run(script, ["CHOWN"], state)
     assert done.returncode != 0 and "Operation not permitted" in done.stderr
