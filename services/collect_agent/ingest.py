@@ -299,8 +299,10 @@ class Ingestor:
             await self._committed.wait_for(lambda: self.readings_spooled >= readings)
 
     async def admitted(self) -> None:
-        """Until back-pressure is off (HTTP waits here before reading a body)."""
-        await self._resumed.wait()
+        """Until back-pressure is off (HTTP waits here before reading a body); at once
+        while draining (the request is then refused)."""
+        if not self.draining:
+            await self._resumed.wait()
 
     # ------------------------------------------------------------------ committing
     def _take(self) -> _Group:
