@@ -6,8 +6,8 @@ at their siblings every ``orphan_scan_s``. A sibling with segments whose lock
 nobody holds belongs to an agent that is gone; the first agent to take its lock
 replays it and writes it to storage like its own spool (in order, idempotent, so
 a record written twice is stored once). If the owner comes back meanwhile, it
-asks for its directory (:data:`~.spool.WANTED`) and the claimer hands it back at
-once: nothing is written by two agents at a time, and the owner replays what is
+asks for its directory (:data:`~.spool.WANTED`, kept fresh while it waits) and the
+claimer hands it back at once: nothing is written by two agents at a time, and the owner replays what is
 left. ``kelvin spool drain DIR`` does the same for one directory and exits (the
 chart's drain Job for a removed ordinal's volume).
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.collect_agent.metrics import AgentMetrics
-from services.collect_agent.spool import WANTED, Spool, SpoolError
+from services.collect_agent.spool import Spool, SpoolError, is_wanted
 from services.collect_agent.writer import Writer
 from services.common.storage.base import StorageBackend
 
@@ -57,9 +57,8 @@ async def drain_dir(
                 pending,
             )
             writer.start()
-            wanted = directory / WANTED
             while spool.pending_records:
-                if wanted.exists() or (give_up is not None and give_up()):
+                if is_wanted(directory) or (give_up is not None and give_up()):
                     break
                 empty = asyncio.ensure_future(spool.wait_empty())
                 await asyncio.wait({empty}, timeout=0.2)
@@ -129,8 +128,4 @@ class OrphanClaimer:
         except OSError as exc:
             log.warning("cannot list the spool peers directory %s: %s", self.peers, exc)
             return []
-        return [
-            d
-            for d in dirs
-            if d.resolve() != self.own and not (d / WANTED).exists() and has_segments(d)
-        ]
+        return [d for d in dirs if d.resolve() != self.own and not is_wanted(d) and has_segments(d)]

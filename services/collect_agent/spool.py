@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 WANTED = "want"
 """A file its owner creates in a spool directory another process holds: give it back."""
 
+
+def is_wanted(directory: Path) -> bool:
+    """Its owner waits for this spool directory (a fresh :data:`WANTED` file)."""
+    try:
+        return time.time() - (directory / WANTED).stat().st_mtime < 2.0
+    except OSError:
+        return False
+
+
 Item = Batch | SensorMetadata | JobRecord
 FsyncPolicy = Literal["commit", "interval", "off"]
 _Found = tuple[int, int, int, int]
@@ -189,11 +198,15 @@ class Spool:
                             f"spool {self.dir} is in use by another collect agent (pid "
                             f"{holder}); give each agent its own spool_dir"
                         ) from None
-                    if not wanted.exists():
-                        wanted.write_text(str(os.getpid()))  # asks a claimer to hand it back
+                    # Asks a claimer to hand it back; kept fresh while we wait, so that
+                    # one left by a waiter that died is soon ignored (is_wanted).
+                    wanted.write_text(str(os.getpid()))
                     time.sleep(0.05)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                if self.lock_wait_s:
+                    wanted.unlink()
             raise
         with contextlib.suppress(FileNotFoundError):
             wanted.unlink()

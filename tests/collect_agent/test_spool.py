@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.collect_agent import spool_format as fmt
-from services.collect_agent.spool import Entry, Spool, SpoolError
+from services.collect_agent.spool import WANTED, Entry, Spool, SpoolError
 from services.common.readings import Batch
 from services.common.sensors import JobRecord, SensorMetadata
 
@@ -252,7 +252,7 @@ async def test_fuzz_every_intact_record_of_a_damaged_spool_is_replayed_exactly_o
     }  # name -> [(seq, body_at, length)]
     assert len(frames) > 2
     rng = random.Random(1764)
-    for case in range(150):
+    for case in range(120):
         d = tmp_path / f"case{case}"
         d.mkdir()
         intact: set[int] = set()
@@ -455,3 +455,15 @@ async def test_wait_empty_wakes_only_after_the_drained_disk_is_freed(tmp_path: P
     over, seen = await woken
     assert not over and seen and seen[-1] is False
     await spool.close()
+
+
+async def test_an_agent_that_waits_in_vain_for_its_spool_leaves_no_request_behind(
+    tmp_path: Path,
+) -> None:
+    holder = Spool(tmp_path)
+    await holder.open()
+    waiter = Spool(tmp_path, lock_wait_s=0.3)
+    with pytest.raises(SpoolError, match="in use by another collect agent"):
+        await waiter.open()
+    assert not (tmp_path / WANTED).exists(), "a stale request would keep claimers away"
+    await holder.close()
