@@ -428,14 +428,13 @@ class Spool:
         """Remove what a failed write left after ``offset`` (disk full mid-group).
 
         Left in place, those bytes would shift every later record away from the
-        offset the index gives it, and replay would stop at them as at a torn
-        tail, dropping the acknowledged records written after.
+        offset the index gives it (replay would skip them as damage and resync).
         """
         assert self._fd is not None
         try:
             os.ftruncate(self._fd, offset)
         except OSError:
-            # Cannot cut: continue in a new segment; replay cuts this one's tail.
+            # Cannot cut: continue in a new segment; replay sets this one's tail aside.
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):
                 os.close(fd)
