@@ -1,7 +1,8 @@
 """One HTTP ingest path for every body format: line protocol today, remote write beside it.
 
-:func:`ingest` does what every HTTP way in must do, in one place: wait out
-back-pressure (503 with ``Retry-After`` when it lasts), read the body within
+:func:`ingest` does what every HTTP way in must do, in one place: refuse while
+the agent drains before it exits (503), wait out back-pressure (503 with
+``Retry-After`` when it lasts), read the body within
 ``max_payload_bytes`` (413; gzip undone when the client says so), hand it to
 the format's decoder, count every rejected item by reason, and answer 204 only
 once the readings are durable in the spool (503 when the spool refuses them),
@@ -83,6 +84,12 @@ async def ingest(
 ) -> Response:
     """Admit, read, decode, count rejects, wait until durable (see the module docstring)."""
     where = f"HTTP {request.url.path} from {request.client}"
+    if ing.draining:  # refused before the body is read (receive_batch would refuse it too)
+        return JSONResponse(
+            {"error": "the collect agent is shutting down; send to another agent"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
     try:
         if ing.paused:  # wait_for costs a task: only when there is something to wait for
             await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
