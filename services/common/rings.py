@@ -34,13 +34,14 @@ class _Class:
         self.ts: Int64Array = np.zeros((cap, 0), np.int64)
         self.vs: Float64Array = np.zeros((cap, 0), np.float64)
         self.used = 0
-        self.free: list[Int64Array] = []
-        """Rows given back (sensors that moved on or were forgotten), in pieces."""
+        self.free: Int64Array = np.zeros(0, np.int64)
+        """Columns given back (sensors that moved on or were forgotten)."""
+
+    def give_back(self, cols: Int64Array) -> None:
+        self.free = np.concatenate((self.free, cols)) if self.free.shape[0] else cols
 
     def take_rows(self, n: int) -> Int64Array:
-        free = np.concatenate(self.free) if self.free else np.zeros(0, np.int64)
-        got, rest = free[:n], free[n:]
-        self.free = [rest] if rest.shape[0] else []
+        got, self.free = self.free[:n], self.free[n:]
         fresh = n - got.shape[0]
         if self.used + fresh > self.ts.shape[1]:
             cols = max(self.used + fresh, 2 * self.ts.shape[1], 64)
@@ -51,7 +52,7 @@ class _Class:
                 self.vs[:, : self.used],
             )
             self.ts, self.vs = ts, vs
-        out = np.concatenate((got, np.arange(self.used, self.used + fresh, dtype=np.int64)))
+        out = got if not fresh else np.concatenate((got, np.arange(self.used, self.used + fresh)))
         self.used += fresh
         return out
 
@@ -162,14 +163,14 @@ class Rings:
             new_rows = b.take_rows(move.shape[0])
             b.ts[: a.cap, new_rows] = a.ts[col, rows[:, None]].T
             b.vs[: a.cap, new_rows] = a.vs[col, rows[:, None]].T
-            a.free.append(rows)
+            a.give_back(rows)
             self._cls[move], self._row[move], self._pos[move] = dst, new_rows, n
 
     # ------------------------------------------------------------------ reading
     def forget(self, name: str) -> None:
         i = self.ids.pop(name, None)
         if i is not None:
-            self._classes[int(self._cls[i])].free.append(self._row[i : i + 1].copy())
+            self._classes[int(self._cls[i])].give_back(self._row[i : i + 1].copy())
             self._n[i] = 0
             self._free_ids.append(i)
 
