@@ -90,6 +90,24 @@ def test_hand_picked_edges() -> None:
             same(body, precision)
 
 
+def test_quoted_strings_the_fast_path_takes_and_those_it_leaves() -> None:
+    plain = 'm,host=a s="x, y=z w",v=1,t="" 5\nm,host=b v=2,s="q" 6\n'
+    lp = LineProtocol()
+    got = same(plain, "ns", lp)
+    assert got.string_fields == 3 and got.batch.values.tolist() == [1.0, 2.0]
+    assert lp.fast.parse(plain.encode(), 1, NOW).lines == 2, "both taken by the fast path"
+    for body in [
+        'm,t=a"b v=1 1\nm v=2 2',  # a quote in a tag is text
+        'm a,b="x=",c="y" 1\nm v=2 2\nm v=3 3',  # InfluxDB does not toggle at the first quote
+        'm s="x"y,v=1 1\nm v=2 2',  # text after the closing quote
+        'm s="two\nlines",v=1 1\nm v=2 2',  # a quoted newline
+        'm s="open,v=1 1\nm v=2 2\nm v="x" 3',
+        'm s="a" "b" 1\nm v=1 2',
+    ]:
+        assert lp.fast.parse(body.encode(), 1, NOW).rest, body
+        same(body, "ns", lp)
+
+
 def test_a_hash_collision_costs_speed_not_correctness(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every string hashes alike: the tables refuse all but the first, and those lines
     go to the reference, which names them right."""

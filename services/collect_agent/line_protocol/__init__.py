@@ -113,7 +113,7 @@ class LineProtocol:
         scale = precision_scale(precision)
         default_ns = received_ns - received_ns % scale  # InfluxDB truncates "now" too
         fast = self.fast.parse(data, scale, default_ns)
-        res = ParseResult(Batch.empty(), lines=fast.lines)
+        res = ParseResult(Batch.empty(), lines=fast.lines, string_fields=fast.strings)
         sensors, ts, vs, line_of = self._reference(data, fast.rest, scale, default_ns, res)
         if not sensors:
             if fast.sensors:

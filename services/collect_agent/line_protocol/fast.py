@@ -1,12 +1,12 @@
 """The vectorised line-protocol parser: a whole body in a few dozen numpy calls.
 
-It takes the plain lines (:mod:`.layout`) whose numbers, booleans and
-timestamps it can convert exactly (:mod:`.numbers`) and whose names it knows,
-and hands every other line, with its line number, to the reference parser
-(:mod:`.scan`), which decides it exactly as InfluxDB does. A line with a quote
-or backslash can run on over following newlines (a quoted newline, an escaped
-one), so those are found first, one scan each, and the lines they swallow are
-taken out of the plain set.
+It takes the plain lines (:mod:`.layout`; string fields too, :mod:`.quotes`)
+whose numbers, booleans and timestamps it can convert exactly (:mod:`.numbers`)
+and whose names it knows, and hands every other line, with its line number, to
+the reference parser (:mod:`.scan`), which decides it exactly as InfluxDB
+does. A line with a backslash or a quote the fast path cannot pair can run on
+over following newlines (a quoted newline, an escaped one), so those are found
+first, one scan each, and the lines they swallow are taken out of the plain set.
 
 Readings are named through exact tables (:mod:`.table`): a line's key and first
 field (``node,host=a value``, one contiguous span) give its first sensor, the
@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.collect_agent.line_protocol import numbers as num
-from services.collect_agent.line_protocol import scan
+from services.collect_agent.line_protocol import quotes, scan
 from services.collect_agent.line_protocol.layout import Layout, layout, separators
 from services.collect_agent.line_protocol.naming import Naming
 from services.collect_agent.line_protocol.table import SpanTable
@@ -35,7 +35,7 @@ F64 = npt.NDArray[np.float64]
 U8 = npt.NDArray[np.uint8]
 Mask = npt.NDArray[np.bool_]
 
-_SPECIAL = (b'"', b"\\", b"\t", b"\x00")
+_SPECIAL = (b"\\", b"\t", b"\x00")
 MAX_SPAN = 8 * num.MAX_WORDS - 8
 """Longest key + first field (or field key) looked up; longer lines take the reference path."""
 MAX_SENSORS = 1 << 18
@@ -54,6 +54,8 @@ class Fast:
     """Line number of each reading."""
     lines: int = 0
     """Lines parsed here."""
+    strings: int = 0
+    """String fields of those lines (no reading)."""
     rest: list[tuple[int, int, int]] = field(default_factory=list)
     """(line number, start, end) of the lines left to the reference parser."""
 
@@ -115,13 +117,26 @@ class FastParser:
         ends = np.concatenate((nl, [n]))
         first = buf[starts + num.PAD]  # 0 for the empty segment after a final newline
         candidate = (starts < ends) & (first != 0x23)  # '#': a comment
-        taken = np.zeros(starts.shape[0], bool)
+        seps, codes, seg = separators(buf, num.PAD, n)
+        special = np.zeros(starts.shape[0], bool)
         if any(s in body for s in _SPECIAL):
-            self._runs(body, raw, starts, taken, out)
+            at = np.flatnonzero((raw == 0x5C) | (raw == 0x09) | (raw == 0x00))
+            special[np.searchsorted(starts, at, "right") - 1] = True
+        text = np.zeros(seps.shape[0], bool)  # separators inside quoted string fields
+        if b'"' in body:
+            q = np.flatnonzero(raw == 0x22)
+            qseg = np.searchsorted(starts, q, "right") - 1
+            bad, text = quotes.check(buf, num.PAD, starts, q, qseg, seps, codes, seg)
+            special |= bad
+        taken = np.zeros(starts.shape[0], bool)
+        if special.any():
+            self._runs(body, starts, np.flatnonzero(special), taken, out)
         # a leading space: the reference skips whitespace (and whitespace-only lines)
         plain = candidate & ~taken & (first != 0x20)
         punt = candidate & ~taken & ~plain
-        seps, codes, seg = separators(buf, num.PAD, n, plain)
+        keep = plain[seg] & ~text
+        if not keep.all():
+            seps, codes, seg = seps[keep], codes[keep], seg[keep]
         if seps.shape[0]:
             lay = layout(starts, seps, codes, seg)
             punt[lay.bad] = True
@@ -135,10 +150,9 @@ class FastParser:
         out.rest.sort()
         return out
 
-    def _runs(self, body: bytes, raw: U8, starts: I64, taken: Mask, out: Fast) -> None:
-        """Lines with a quote, backslash, tab or NUL go to the reference, with what they swallow."""
-        special = (raw == 0x22) | (raw == 0x5C) | (raw == 0x09) | (raw == 0x00)
-        segs = np.unique(np.searchsorted(starts, np.flatnonzero(special), "right") - 1)
+    def _runs(self, body: bytes, starts: I64, segs: I64, taken: Mask, out: Fast) -> None:
+        """Lines with a backslash, tab, NUL or a quote the fast path cannot pair go to the
+        reference, with the lines they swallow."""
         until = -1
         for seg in segs.tolist():
             s = int(starts[seg])
@@ -157,7 +171,7 @@ class FastParser:
     ) -> None:
         bad = np.zeros(lay.lines.shape[0], bool)
         names = self._sensor_names(body, buf, lay, bad)
-        values, good = _values(buf, lay.v_start, lay.v_len)
+        values, good, string = _values(buf, lay.v_start, lay.v_len)
         bad[lay.f_line[~good]] = True
         ts = np.full(lay.lines.shape[0], default_ns, np.int64)
         if lay.t_line.shape[0]:
@@ -166,9 +180,12 @@ class FastParser:
             ts[lay.t_line] = stamp.astype(np.int64) * scale
             bad[lay.t_line[~ok]] = True
         f_line = lay.f_line
-        if bad.any():
+        if bad.any() or string is not None:
             punt[lay.lines[bad]] = True
             keep = ~bad[f_line]
+            if string is not None:
+                out.strings = int((string & keep).sum())
+                keep &= ~string
             f_line, names, values = f_line[keep], names[keep], values[keep]
         out.sensors = names.tolist()
         out.timestamps_ns = ts[f_line]
@@ -310,14 +327,16 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _values(buf: U8, start: I64, length: I64) -> tuple[F64, Mask]:
-    """Each field's value; False where the fast path leaves it to the reference."""
+def _values(buf: U8, start: I64, length: I64) -> tuple[F64, Mask, Mask | None]:
+    """Each field's value, False where the fast path leaves it to the reference, and
+    which fields are strings (None: none is)."""
     first = buf[start + num.PAD]
     last = buf[start + length - 1 + num.PAD]
     numeric = ((first >= 0x30) & (first <= 0x39)) | (first == 0x2D) | (first == 0x2E)
     integer = numeric & ((last == 0x69) | (last == 0x75))  # i, u
     if not integer.any() and numeric.all():
-        return num.floats(buf, start, length)
+        return (*num.floats(buf, start, length), None)
+    string = (first == 0x22) & (last == 0x22) & (length >= 2)  # quotes paired by quotes.check
     real = numeric & ~integer
     boolean = (first == 0x74) | (first == 0x66) | (first == 0x54) | (first == 0x46)
     values = np.zeros(start.shape[0], np.float64)
@@ -333,7 +352,8 @@ def _values(buf: U8, start: I64, length: I64) -> tuple[F64, Mask]:
             good[which] = ok
     # 'u' must not follow a sign: leave "-5u" to the reference
     good &= ~(integer & (last == 0x75) & (first == 0x2D))
-    return values, good
+    good |= string
+    return values, good, string if string.any() else None
 
 
 def _stamps(buf: U8, start: I64, length: I64) -> tuple[npt.NDArray[np.uint64], Mask]:

@@ -1,7 +1,8 @@
 """Where the keys, fields and timestamps of plain lines are: a body's separators at once.
 
-A plain line has no quote, backslash, tab or NUL, so every space, comma, ``=``
-and newline in it is a separator, and its separators must read
+A plain line has no backslash, tab or NUL (and its quotes, if any, pair up
+around string values: their separators are taken out first, see :mod:`.quotes`),
+so every space, comma, ``=`` and newline left in it is a separator, and its separators must read
 ``(,=)* SP =(,=)* [SP] NL`` (tags, then fields, then an optional timestamp)
 with no empty token between two of them. :func:`layout` checks that for every
 line together and returns the positions of each line's key and each field's
@@ -69,10 +70,10 @@ class Layout:
     """Segments whose separators are not those of a plain line."""
 
 
-def separators(buf: U8, pad: int, n: int, plain: Mask) -> tuple[I64, U8, I64]:
-    """(offset, class, segment) of every separator of the plain segments of the body
-    ``buf[pad : pad + n]`` (zero after it); each segment's list ends with its newline
-    (the body's end counts as one)."""
+def separators(buf: U8, pad: int, n: int) -> tuple[I64, U8, I64]:
+    """(offset, class, segment) of every separator of the body ``buf[pad : pad + n]``
+    (zero after it); each segment's list ends with its newline (the body's end counts
+    as one)."""
     raw = buf[pad : pad + n]
     seps = np.flatnonzero((raw == 0x20) | (raw == 0x2C) | (raw == 0x3D) | (raw == 0x0A))
     codes = buf[seps + pad] & np.uint8(0x0F)
@@ -80,11 +81,7 @@ def separators(buf: U8, pad: int, n: int, plain: Mask) -> tuple[I64, U8, I64]:
         seps = np.concatenate((seps, [n]))
         codes = np.concatenate((codes, np.array([NL], np.uint8)))
     is_nl = codes == NL
-    seg = np.cumsum(is_nl) - is_nl
-    if not plain[seg].all():
-        keep = plain[seg]
-        seps, codes, seg = seps[keep], codes[keep], seg[keep]
-    return seps, codes, seg
+    return seps, codes, np.cumsum(is_nl) - is_nl
 
 
 def layout(starts: I64, seps: I64, codes: U8, seg: I64) -> Layout:
