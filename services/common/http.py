@@ -1,4 +1,9 @@
-"""HTTP plumbing shared by every service: embedded uvicorn and the health routes."""
+"""HTTP plumbing shared by every service: embedded uvicorn, the health routes, and auth.
+
+Auth: every route declares its role (:func:`requires`) or that it is public
+(:func:`public`); :func:`install_auth` gives an app its credentials and the
+browser guard (Host allow-list, Origin check) in front of every route.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
@@ -15,17 +20,43 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 
-from services.common.auth import Credentials, Role, token_from_headers
+from services.common.auth import (
+    BrowserPolicy,
+    Credentials,
+    Denied,
+    Role,
+    check_host_origin,
+    token_from_headers,
+)
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
 from services.common.logs import RateLimitedLog
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
 from services.common.service import Service
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from services.common.auth_settings import ServiceAuth
+
 log = logging.getLogger(__name__)
 _bad_input_log = RateLimitedLog(log, 10.0)
 
 ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+_refusal_log = RateLimitedLog(log, 30.0)
+
+
+def _refused(request: Request, denied: Denied, reason: str) -> None:
+    counter = getattr(request.app.state, "auth_refused", None)
+    if isinstance(counter, Counter):
+        counter.labels(reason).inc()
+    client = request.client.host if request.client else "?"
+    _refusal_log.warning(
+        f"refused:{reason}", "%s %s from %s refused: %s", request.method, request.url.path,
+        client, denied.message,
+    )  # fmt: skip
 
 
 def requires(role: Role) -> Any:
@@ -35,6 +66,7 @@ def requires(role: Role) -> Any:
     callable returning one, read on every request so that a reload takes effect).
     Declare it where the route is declared, ``dependencies=[requires(Role.ADMIN)]``;
     the returned object carries ``kelvin_role`` so tests can enumerate every route's role.
+    Refusals are counted in ``app.state.auth_refused`` (by :func:`install_auth`).
     """
 
     async def check(request: Request) -> None:
@@ -47,6 +79,8 @@ def requires(role: Role) -> Any:
         token = token_from_headers(request.headers.get, request.query_params.get("p"))
         denied = creds.decide(token, role)
         if denied is not None:
+            reason = "role" if denied.status == 403 else "unknown" if token else "missing"
+            _refused(request, denied, reason)
             raise HTTPException(
                 status_code=denied.status,
                 detail=denied.message,
@@ -54,6 +88,17 @@ def requires(role: Role) -> Any:
             )
 
     check.kelvin_role = role  # type: ignore[attr-defined]
+    return Depends(check)
+
+
+def public() -> Any:
+    """A route dependency that declares the route open to anyone (health, metrics, the
+    console's page). Only the paths the route-walk test lists may carry it."""
+
+    async def check() -> None:
+        return None
+
+    check.kelvin_public = True  # type: ignore[attr-defined]
     return Depends(check)
 
 
@@ -66,11 +111,16 @@ def route_role(dependant_calls: list[Callable[..., Any]]) -> Role | None:
     return None
 
 
+def route_is_public(dependant_calls: list[Callable[..., Any]]) -> bool:
+    """Whether a route declared itself public through :func:`public`."""
+    return any(getattr(call, "kelvin_public", False) for call in dependant_calls)
+
+
 def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine[Any, Any, None]]:
     """A FastAPI dependency: require ``Authorization: Bearer <token>`` when a token is set.
 
-    Superseded by :func:`requires` (roles); kept while routes move over.
-    ``get_token`` is read on every call so that a configuration reload takes effect.
+    Superseded by :func:`requires` (roles); kept only while the pusher's REST API
+    moves to its own router (the pusher helper removes it).
     """
 
     async def check(request: Request) -> None:
@@ -87,6 +137,63 @@ def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine
             )
 
     return check
+
+
+class BrowserGuard:
+    """ASGI middleware: every HTTP request passes :func:`check_host_origin` first.
+
+    It runs before routing, so a request with a foreign Host or Origin is refused
+    whatever its path, even one no route matches.
+    """
+
+    def __init__(self, app: ASGIApp, policy: Callable[[], BrowserPolicy], refused: Counter) -> None:
+        self.app, self.policy, self.refused = app, policy, refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = origin = site = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"sec-fetch-site":
+                site = value.decode("latin-1")
+        denied = check_host_origin(scope["method"], host, origin, site, self.policy())
+        if denied is None:
+            await self.app(scope, receive, send)
+            return
+        reason = denied.message.partition(":")[0]
+        self.refused.labels(reason).inc()
+        client = scope.get("client") or ("?", 0)
+        _refusal_log.warning(
+            f"refused:{reason}", "%s %s from %s refused: %s", scope["method"], scope["path"],
+            client[0], denied.message,
+        )  # fmt: skip
+        response = JSONResponse(
+            {"error": f"forbidden_{reason}", "detail": denied.message}, status_code=denied.status
+        )
+        await response(scope, receive, send)
+
+
+def install_auth(app: FastAPI, auth: ServiceAuth, metrics: ServiceMetrics) -> None:
+    """Give ``app`` its credentials, the refusal counter and the browser guard.
+
+    ``kelvin_<service>_auth_refused_total{reason}`` counts refusals: ``missing``,
+    ``unknown`` (401), ``role`` (403, too low a role), ``host``, ``origin`` (browser guard).
+    """
+    app.state.auth = auth
+    app.state.credentials = auth.credentials
+    refused = metrics.counter(
+        "auth_refused_total",
+        "Requests refused for a missing/unknown credential, too low a role, or a foreign "
+        "Host/Origin",
+        ["reason"],
+    )
+    app.state.auth_refused = refused
+    app.add_middleware(BrowserGuard, policy=lambda: auth.browser, refused=refused)
 
 
 class _Server(uvicorn.Server):
@@ -156,7 +263,7 @@ class HttpServer:
 
 def health_router(metrics: ServiceMetrics, ready: ReadyCheck | None = None) -> APIRouter:
     """``/healthz`` (alive), ``/readyz`` (able to do its job), ``/metrics``."""
-    router = APIRouter(tags=["health"])
+    router = APIRouter(tags=["health"], dependencies=[public()])
 
     @router.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:

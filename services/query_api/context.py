@@ -6,12 +6,17 @@ app exists, so routes reach it through :class:`ApiContext` at request time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from services.common.errors import RetryableStorageError
 from services.common.metrics import ServiceMetrics
 from services.common.storage.base import StorageBackend
 from services.query_api.catalog import Catalog
 from services.query_api.query import Reader, VirtualSource
 from services.query_api.settings import Settings
+
+if TYPE_CHECKING:
+    from services.common.auth_settings import ServiceAuth
 
 
 class ApiMetrics:
@@ -48,8 +53,11 @@ class ApiContext:
         settings: Settings,
         metrics: ServiceMetrics,
         storage: StorageBackend | None = None,
+        auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
+        """Credentials of this service (its own read token calls the allocator and agent)."""
         self.metrics = ApiMetrics(metrics)
         self._storage: StorageBackend | None = None
         self._catalog: Catalog | None = None

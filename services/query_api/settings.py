@@ -24,11 +24,6 @@ class Settings(SectionSettings):
     """Allocator API (hall view of the console)."""
     collect_agent_url: str = "http://127.0.0.1:8081"
     """Collect agent API (ingest health in the console)."""
-    token: str | None = None
-    """Bearer token required to change anything (define or delete sensors, import
-    readings, set metadata). None leaves changes open: set it in production."""
-    protect_reads: bool = False
-    """Also require the token for every read (readings, hierarchy, Grafana, Prometheus API)."""
     default_range_s: float = Field(3600.0, gt=0)
     """Range read when a request names no start: ``now - default_range_s`` to now."""
     stream_chunk_points: int = Field(65_536, ge=1024)

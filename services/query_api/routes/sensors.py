@@ -8,10 +8,11 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import names, times
+from services.common.auth import Role
 from services.common.errors import NotFoundError
+from services.common.http import requires
 from services.common.sensors import SensorMetadata
 from services.query_api.context import ApiContext
-from services.query_api.routes.common import auth
 
 
 class ChildOut(BaseModel):
@@ -52,7 +53,7 @@ class MetadataIn(BaseModel):
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, write = auth(ctx)
+    read, admin = requires(Role.READ), requires(Role.ADMIN)
     r = APIRouter(prefix="/api/v1", tags=["sensors"])
 
     @r.get(
@@ -139,7 +140,7 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.put(
         "/metadata",
-        dependencies=[write],
+        dependencies=[admin],
         summary="Set metadata fields of a sensor (creates the sensor if needed)",
     )
     async def put_metadata(body: MetadataIn) -> dict[str, Any]:

@@ -8,8 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.auth import Role
 from services.query_api.app import create_service
 from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
+from tests.support.auth import headers
 
 
 async def define(api: Api, name: str, expression: str, **extra: Any) -> httpx.Response:
@@ -203,8 +205,8 @@ async def test_dry_run_stores_nothing(api: Api) -> None:
     assert (await api.client.get("/api/v1/virtual/v/dry")).status_code == 404
 
 
-async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) -> None:
-    svc = create_service(make_config(tmp_path, token="s3cret"))
+async def test_changes_need_admin_and_reads_are_open_on_loopback(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path))
     await svc.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
@@ -212,30 +214,35 @@ async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) 
             await mixed_inputs(api)
             body = {"expression": PUE}
             assert (await c.put("/api/v1/virtual/pue", json=body)).status_code == 401
-            wrong = {"Authorization": "Bearer nope"}
+            wrong = {"Authorization": "Bearer not-a-token-of-this-service"}
             assert (await c.put("/api/v1/virtual/pue", json=body, headers=wrong)).status_code == 401
-            good = {"Authorization": "Bearer s3cret"}
+            low = await c.put("/api/v1/virtual/pue", json=body, headers=headers(Role.WRITE))
+            assert low.status_code == 403, low.text
+            good = headers(Role.ADMIN)
             assert (await c.put("/api/v1/virtual/pue", json=body, headers=good)).status_code == 200
             assert (await c.delete("/api/v1/virtual/pue")).status_code == 401
             assert (await c.get("/api/v1/virtual/pue")).status_code == 200
             assert (await api.values("/pue", 0, 1)) == pytest.approx([3.0])
             put = {"name": "/a/power", "unit": "kW"}
-            assert (await c.put("/api/v1/metadata", json=put)).status_code == 401
+            meta = await c.put("/api/v1/metadata", json=put, headers=headers(Role.READ))
+            assert meta.status_code == 403
             assert (await c.delete("/api/v1/virtual/pue", headers=good)).status_code == 200
     finally:
         await svc.stop()
 
 
-async def test_protected_reads(tmp_path: Path) -> None:
-    svc = create_service(make_config(tmp_path, token="s3cret", protect_reads=True))
+async def test_reads_need_the_read_token_when_not_open(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path, auth={"open_reads": False}))
     await svc.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
             await Api(svc, c).write("/a", [0], [1.0])
             assert (await c.get("/api/v1/sensors")).status_code == 401
             assert (await c.get("/api/v1/readings", params={"sensor": "/a"})).status_code == 401
-            ok = await c.get("/api/v1/sensors", headers={"Authorization": "Bearer s3cret"})
+            ok = await c.get("/api/v1/sensors", headers=headers(Role.READ))
             assert ok.status_code == 200
+            # a pusher's write token cannot read
+            assert (await c.get("/api/v1/sensors", headers=headers(Role.WRITE))).status_code == 403
             assert (await c.get("/healthz")).status_code == 200  # probes stay open
     finally:
         await svc.stop()
