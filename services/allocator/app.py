@@ -44,7 +44,12 @@ class AllocatorService(HttpService):
         auth: ServiceAuth | None = None,
     ) -> None:
         super().__init__(
-            "allocator", create_app(core, auth), settings.host, settings.port, "--allocator-port"
+            "allocator",
+            create_app(core, auth),
+            settings.host,
+            settings.port,
+            "--allocator-port",
+            metrics=core.metrics,
         )
         self.settings = settings
         self.core = core

@@ -77,7 +77,13 @@ class CollectAgent(HttpService):
         app.include_router(create_router(self))
         access = config.load(LoggingSettings).access_log
         super().__init__(
-            "collect-agent", app, settings.host, settings.port, "--collect-agent-port", access
+            "collect-agent",
+            app,
+            settings.host,
+            settings.port,
+            "--collect-agent-port",
+            access,
+            self.metrics.service,
         )
         self._gauges()
 

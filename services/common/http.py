@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
+from starlette.requests import ClientDisconnect
 
 from services.common.auth import (
     BrowserPolicy,
@@ -29,6 +30,7 @@ from services.common.auth import (
     token_from_headers,
 )
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
+from services.common.http_limits import HttpLimits, guarded_protocol
 from services.common.logs import RateLimitedLog
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
@@ -204,8 +206,27 @@ class _Server(uvicorn.Server):
         yield
 
 
+_timeout_log = RateLimitedLog(log, 30.0)
+
+
+class _QuietDisconnects:
+    """A client that went away (or was cut off by a read deadline) while its body was read
+    is no error of ours: no traceback per slow or vanished client in the log."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with contextlib.suppress(ClientDisconnect):
+            await self.app(scope, receive, send)
+
+
 class HttpServer:
-    """Serve an ASGI app with uvicorn on a socket bound up front."""
+    """Serve an ASGI app with uvicorn on a socket bound up front.
+
+    Requests whose headers or body arrive too slowly are cut off (:mod:`.http_limits`),
+    counted in ``kelvin_<service>_http_timeouts_total{phase}`` when ``metrics`` is given.
+    """
 
     def __init__(
         self,
@@ -215,10 +236,22 @@ class HttpServer:
         what: str,
         flag: str | None = None,
         access_log: bool = False,
+        metrics: ServiceMetrics | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.app, self.host, self.what, self.flag = app, host, what, flag
         self.requested_port = port
         self.access_log = access_log
+        self.limits = limits or HttpLimits()
+        self.timeouts = (
+            metrics.counter(
+                "http_timeouts_total",
+                "Connections closed because a request's headers or body arrived too slowly",
+                ["phase"],
+            )
+            if metrics is not None
+            else None
+        )
         self.port: int | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -227,7 +260,7 @@ class HttpServer:
         sock = bind_tcp(self.host, self.requested_port, self.what, self.flag)
         self.port = bound_port(sock)
         config = uvicorn.Config(
-            self.app,
+            _QuietDisconnects(self.app),
             log_config=None,
             access_log=self.access_log,
             lifespan="on",
@@ -236,6 +269,7 @@ class HttpServer:
             # No Kelvin API speaks WebSocket; "auto" would import a library (~3 MB
             # of RSS) on every compute node's pusher.
             ws="none",
+            http=guarded_protocol(self.limits, self._timed_out),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(
@@ -251,6 +285,16 @@ class HttpServer:
     @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
+
+    def _timed_out(self, phase: str) -> None:
+        if self.timeouts is not None:
+            self.timeouts.labels(phase).inc()
+        limit = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
+        _timeout_log.warning(
+            f"timeout:{self.what}:{phase}",
+            "%s: closed a connection whose request %s did not arrive within %g s",
+            self.what, phase, limit,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:
@@ -352,11 +396,18 @@ class HttpService(Service):
     """
 
     def __init__(
-        self, name: str, app: Any, host: str, port: int, flag: str | None, access_log: bool = False
+        self,
+        name: str,
+        app: Any,
+        host: str,
+        port: int,
+        flag: str | None,
+        access_log: bool = False,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         super().__init__()
         self.name = name
-        self.http = HttpServer(app, host, port, f"{name} HTTP", flag, access_log)
+        self.http = HttpServer(app, host, port, f"{name} HTTP", flag, access_log, metrics)
         self._stopped = False
 
     @property

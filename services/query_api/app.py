@@ -131,6 +131,7 @@ class QueryApiService(HttpService):
             settings.host,
             settings.port,
             "--query-api-port",
+            metrics=self.metrics,
         )
         self.storage: StorageBackend | None = None
 
