@@ -24,6 +24,7 @@ from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import ApiContext
+from services.query_api.limits import HeavyQueryGate
 from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
@@ -38,7 +39,7 @@ def _reason(exc: KelvinError) -> str:
     from services.query_api.spec import SpecError
     from services.query_api.units import UnitError
     from services.query_api.virtual.define import DefinitionError
-    from services.query_api.virtual.parser import ExpressionError
+    from services.query_api.virtual.parser import ExpressionError, ExpressionTooDeep
 
     reasons: list[tuple[type[Exception], str]] = [
         (TimeSpecError, "bad_time"),
@@ -46,6 +47,7 @@ def _reason(exc: KelvinError) -> str:
         (SpecError, "bad_spec"),
         (UnitError, "bad_unit"),
         (QueryError, "bad_query"),
+        (ExpressionTooDeep, "too_deep"),
         (ExpressionError, "bad_expression"),
         (DefinitionError, "bad_definition"),
     ]
@@ -79,6 +81,14 @@ def create_app(
         "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
     )
     app.state.ctx = ctx
+    app.add_middleware(
+        HeavyQueryGate,
+        max_heavy=settings.max_heavy_queries,
+        wait_s=settings.heavy_query_wait_s,
+        memory_bytes=settings.response_memory_bytes,
+        refused=ctx.metrics.refused,
+        spilled=ctx.metrics.spilled,
+    )
     if auth is not None:
         install_auth(app, auth, metrics)
     install_handlers(app, ctx)

@@ -31,6 +31,15 @@ class ApiMetrics:
             "rejects_total", "Requests refused as bad input, by reason", ["reason"]
         )
         self.points = metrics.counter("points_served_total", "Readings sent in responses")
+        self.spilled = metrics.counter(
+            "answers_spilled_total",
+            "Streamed answers whose held part went to a temporary file (response_memory_bytes)",
+        )
+        self.refused = metrics.counter(
+            "queries_refused_total",
+            "Data queries refused because max_heavy_queries were running already",
+            ["reason"],
+        )
         self.virtual_computed = metrics.counter(
             "virtual_points_computed_total", "Virtual-sensor points computed from inputs"
         )

@@ -20,6 +20,7 @@ import orjson
 
 from services.common.readings import Series
 from services.query_api import csvfast
+from services.query_api.limits import Held
 from services.query_api.query import Reader, Result, apply
 from services.query_api.spec import Spec
 
@@ -44,7 +45,9 @@ async def pieces(
     bounds[0], bounds[-1] = start_ns, end_ns
 
     def read(i: int) -> asyncio.Future[Series]:
-        return asyncio.ensure_future(reader.series(spec.sensor, bounds[i], bounds[i + 1]))
+        return asyncio.ensure_future(
+            reader.series(spec.sensor, bounds[i], bounds[i + 1], streamed=True)
+        )
 
     slices = len(bounds) - 1
     ahead = deque(read(i) for i in range(min(READ_AHEAD, slices)))
@@ -78,7 +81,7 @@ async def json_body(
         "end_ns": end_ns,
     }
     yield orjson.dumps(meta)[:-1] + b',"timestamps_ns":['
-    values: list[memoryview] = []
+    values = Held()  # bounded: beyond the request's budget they wait in a temporary file
     count = 0
     loop = asyncio.get_running_loop()
     async for part in parts:
@@ -88,14 +91,13 @@ async def json_body(
             yield b","
         ts_body, vs_body = await loop.run_in_executor(None, _json_numbers, part)
         yield ts_body
+        if count:
+            await values.add(b",")
+        await values.add(vs_body)
         count += len(part)
-        values.append(vs_body)
     yield b'],"values":['
-    for i, body in enumerate(values):
-        if i:
-            yield b","
+    async for body in values.drain():
         yield body
-        values[i] = memoryview(b"")  # sent: let it go
     yield b'],"count":' + str(count).encode() + b"}"
 
 

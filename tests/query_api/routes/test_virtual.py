@@ -10,7 +10,9 @@ import pytest
 
 from services.common.auth import Role
 from services.query_api.app import create_service
+from services.query_api.virtual.parser import MAX_DEPTH
 from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
+from tests.query_api.virtual.test_parser import DEEP
 from tests.support.auth import headers
 
 
@@ -246,3 +248,25 @@ async def test_reads_need_the_read_token_when_not_open(tmp_path: Path) -> None:
             assert (await c.get("/healthz")).status_code == 200  # probes stay open
     finally:
         await svc.stop()
+
+
+async def test_too_deep_expressions_are_a_counted_400_with_the_position(api: Api) -> None:
+    await api.write("/a", [0, 1, 2], [1.0, 2.0, 3.0])
+    for text in DEEP.values():
+        r = await api.client.put("/api/v1/virtual/deep", json={"expression": text})
+        assert r.status_code == 400, r.text[:300]
+        body = r.json()
+        assert body["error"] == "too_deep" and 1 <= body["position"] <= len(text)
+        assert len(r.content) < 1000, "no traceback, no copy of the expression"
+    metrics = (await api.client.get("/metrics")).text
+    assert f'kelvin_query_api_rejects_total{{reason="too_deep"}} {float(len(DEEP))}' in metrics
+
+
+async def test_the_deepest_allowed_expression_is_defined_and_evaluated(api: Api) -> None:
+    await api.write("/a", [0, 1, 2], [1.0, 2.0, 3.0])
+    depth = MAX_DEPTH - 2
+    for text in ("(" * depth + '"/a"' + ")" * depth, "--" * (depth // 2) + '"/a"'):
+        r = await api.client.put("/api/v1/virtual/deepest", json={"expression": text})
+        assert r.status_code == 200, r.text[:300]
+        assert await api.values("/deepest", 0, 3) == pytest.approx([1.0, 2.0, 3.0])
+        assert (await api.client.delete("/api/v1/virtual/deepest")).status_code == 200
