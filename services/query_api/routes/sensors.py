@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import names, times
 from services.common.auth import Role
-from services.common.errors import NotFoundError
+from services.common.errors import KelvinError, NotFoundError
 from services.common.http import requires
 from services.common.sensors import SensorMetadata
 from services.query_api.context import ApiContext
@@ -33,6 +34,12 @@ class ChildrenOut(BaseModel):
 class NamesOut(BaseModel):
     prefix: str
     sensors: list[str]
+
+
+class NonFiniteError(KelvinError, ValueError):
+    """A numeric metadata field that is NaN or infinite."""
+
+    reason = "non_finite"
 
 
 class MetadataIn(BaseModel):
@@ -146,6 +153,11 @@ def router(ctx: ApiContext) -> APIRouter:
     async def put_metadata(body: MetadataIn) -> dict[str, Any]:
         ctx.metrics.requests.labels("put_metadata").inc()
         names.validate(body.name)
+        if body.scale is not None and not math.isfinite(body.scale):
+            raise NonFiniteError(
+                f"{body.name}: scale must be a finite number, got {body.scale!r} (a NaN or "
+                "infinite scale would turn every later reading of the sensor into null)"
+            )
         fields = body.model_dump(exclude_none=True)
         if "operations" in fields:
             fields["operations"] = tuple(fields["operations"])

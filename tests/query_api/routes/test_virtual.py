@@ -270,3 +270,19 @@ async def test_the_deepest_allowed_expression_is_defined_and_evaluated(api: Api)
         assert r.status_code == 200, r.text[:300]
         assert await api.values("/deepest", 0, 3) == pytest.approx([1.0, 2.0, 3.0])
         assert (await api.client.delete("/api/v1/virtual/deepest")).status_code == 200
+
+
+async def test_a_nan_or_infinite_scale_is_a_counted_400_and_changes_nothing(api: Api) -> None:
+    await api.write("/m/p", [0], [1.0])
+    ok = await api.client.put("/api/v1/metadata", json={"name": "/m/p", "scale": 0.5})
+    assert ok.status_code == 200 and ok.json()["scale"] == 0.5
+    for body in (b'{"name": "/m/p", "scale": NaN}', b'{"name": "/m/p", "scale": "Infinity"}',
+                 b'{"name": "/m/p", "scale": "-inf"}'):  # fmt: skip
+        r = await api.client.put(
+            "/api/v1/metadata", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 400 and r.json()["error"] == "non_finite", r.text
+    meta = (await api.client.get("/api/v1/metadata", params={"sensor": "/m/p"})).json()
+    assert meta["scale"] == 0.5
+    metrics = (await api.client.get("/metrics")).text
+    assert 'kelvin_query_api_rejects_total{reason="non_finite"} 3.0' in metrics
