@@ -31,7 +31,7 @@ from services.common.auth import (
 )
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
 from services.common.http_limits import HttpLimits, guarded_protocol
-from services.common.logs import RateLimitedLog
+from services.common.logs import RateLimitedLog, mask_url
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
 from services.common.service import Service
@@ -352,12 +352,15 @@ def install_error_handlers(
     @app.exception_handler(KelvinError)
     async def _kelvin(request: Request, exc: KelvinError) -> JSONResponse:
         if isinstance(exc, RetryableStorageError):
+            # storage messages name their server's URL: never hand its credentials out
             return JSONResponse(
-                {"error": "storage_unavailable", "detail": str(exc)}, status_code=503
+                {"error": "storage_unavailable", "detail": mask_url(str(exc))}, status_code=503
             )
         if isinstance(exc, StorageError):
             log.error("storage error on %s: %s", request.url.path, exc)
-            return JSONResponse({"error": "storage_error", "detail": str(exc)}, status_code=500)
+            return JSONResponse(
+                {"error": "storage_error", "detail": mask_url(str(exc))}, status_code=500
+            )
         status = int(getattr(exc, "http_status", 400))
         if rejects is None:
             return JSONResponse(
