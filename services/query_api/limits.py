@@ -135,17 +135,47 @@ async def read_within(storage: StorageBackend, sensor: str, start_ns: int, end_n
     )
 
 
+STREAMED_BYTES_PER_READING = 80
+"""A streamed slice's reading: 16 bytes as read, ~40 as JSON or ~57 as CSV text, slack."""
+PROBE_FRACTION = 64
+"""A long plain stream first reads this fraction of its range to learn its density."""
+
+
+def _slice_points(account: Account, ahead: int) -> int:
+    """Readings per streamed slice so that the slices in flight (``ahead`` being read,
+    one encoded) take at most half the request's budget."""
+    return max(1024, account.limit_bytes // 2 // (STREAMED_BYTES_PER_READING * (ahead + 1)))
+
+
+def probe_end(start_ns: int, end_ns: int, ahead: int) -> int | None:
+    """Where a plain stream's density probe ends; None when no probe is needed (no
+    budget, or the range fits one slice even at a reading per millisecond)."""
+    account = _account.get()
+    if account is None or (end_ns - start_ns) // DENSEST_NS < _slice_points(account, ahead):
+        return None
+    return start_ns + (end_ns - start_ns) // PROBE_FRACTION
+
+
+def stream_slices(probe_readings: int, probe_ns: int, rest_ns: int, count: int, ahead: int) -> int:
+    """How many slices the rest of a plain stream needs to keep each under budget."""
+    account = _account.get()
+    if account is None or probe_ns <= 0:
+        return count
+    expected = probe_readings * rest_ns / probe_ns
+    return min(1 << 16, max(count, int(expected // _slice_points(account, ahead)) + 1))
+
+
 DEFAULT_HELD_BYTES = 64 << 20
 
 
 class Held:
     """Encoded pieces an answer must keep until its end (a JSON answer's values come after
-    all its timestamps): in memory up to half the request's budget, then in a temporary
-    file, so a streamed answer of any length holds a bounded amount."""
+    all its timestamps): in memory up to a quarter of the request's budget, then in a
+    temporary file, so a streamed answer of any length holds a bounded amount."""
 
     def __init__(self) -> None:
         self.account = _account.get()
-        self.limit = self.account.limit_bytes // 2 if self.account else DEFAULT_HELD_BYTES
+        self.limit = self.account.limit_bytes // 4 if self.account else DEFAULT_HELD_BYTES
         self.pieces: list[bytes | memoryview] = []
         self.size = 0
         self.file: IO[bytes] | None = None
