@@ -6,7 +6,7 @@
   counted). When the last heavy query ends, the freed memory is handed back to the OS.
 - Each heavy request gets an :class:`Account` of ``response_memory_bytes``; readings are
   charged as storage hands them over (:func:`read_within` reads a large range slice by
-  slice), so a query too big for it stops early with a 400 ``too_large`` instead of
+  slice), so a query too big for it stops early with a 400 ``over_budget`` instead of
   first filling memory. Together: heavy queries hold at most
   ``max_heavy_queries x response_memory_bytes``.
 """
@@ -59,10 +59,10 @@ DENSEST_NS = 1_000_000
 the budget even then is read in one go (a dashboard's hours), longer ones are probed."""
 
 
-class TooLarge(KelvinError, ValueError):
+class OverBudget(KelvinError, ValueError):
     """A query whose answer would hold more readings than one response may."""
 
-    reason = "too_large"
+    reason = "over_budget"
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Account:
     def charge(self, readings: int, what: str) -> None:
         self.used_bytes += readings * BYTES_PER_READING
         if self.used_bytes > self.limit_bytes:
-            raise TooLarge(
+            raise OverBudget(
                 f"{what}: the answer would hold more than response_memory_bytes "
                 f"({self.limit_bytes} bytes, about {self.limit_bytes // BYTES_PER_READING} "
                 "readings); narrow the range, resample with interval, or ask for one "

@@ -40,7 +40,7 @@ class Settings(SectionSettings):
     """How long a data query waits for a free slot before it is refused."""
     response_memory_bytes: int = Field(512 << 20, ge=1 << 20)
     """Memory one data query's answer may hold (32 bytes per reading held); a larger
-    answer is a 400 too_large, stopped before it is read. A plain sensor's readings are
+    answer is a 400 over_budget, stopped before it is read. A plain sensor's readings are
     streamed in slices and spill to a temporary file instead."""
     import_max_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     """Largest CSV body ``POST /api/v1/import`` accepts (``kelvin csvimport`` sends chunks)."""

@@ -99,7 +99,7 @@ async def test_an_answer_over_its_budget_stops_early_with_400(tmp_path: Path) ->
         async with admin_client(svc.port, timeout=30) as c:
             params = {"sensor": "delta(/dense)", "start": str(start), "end": str(end)}
             r = await c.get("/api/v1/readings", params=params)
-            assert r.status_code == 400 and r.json()["error"] == "too_large", r.text
+            assert r.status_code == 400 and r.json()["error"] == "over_budget", r.text
             assert "response_memory_bytes" in r.json()["detail"]
             reads = [(lo, hi) for s, lo, hi in held.reads if s == "/dense"]
             assert max(hi for _, hi in reads) < end, "it stopped before reading the whole range"
@@ -107,7 +107,7 @@ async def test_an_answer_over_its_budget_stops_early_with_400(tmp_path: Path) ->
             plain = await c.get("/api/v1/readings", params={**params, "sensor": "/dense"})
             assert plain.status_code == 200 and plain.json()["count"] == n
             metrics = (await c.get("/metrics")).text
-            assert 'kelvin_query_api_rejects_total{reason="too_large"} 1.0' in metrics
+            assert 'kelvin_query_api_rejects_total{reason="over_budget"} 1.0' in metrics
             assert "kelvin_query_api_answers_spilled_total 1.0" in metrics
     finally:
         await svc.stop()
