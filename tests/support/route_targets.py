@@ -6,56 +6,51 @@ that need a token; the walk talks to its real ASGI app (middleware included) in 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import importlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.support.route_walk import Walk, asgi_client, auth_config, fastapi_routes, target
 
 
-@target("collect-agent")
-@asynccontextmanager
-async def collect_agent(tmp_path: Path) -> AsyncIterator[Walk]:
-    from services.collect_agent.app import create_service
+def _service_target(
+    module: str, sections: Callable[[Path], dict[str, dict[str, Any]]]
+) -> Callable[[Path], AbstractAsyncContextManager[Walk]]:
+    """A walk over ``module.create_service`` built from ``sections(tmp_path)``."""
 
-    cfg = auth_config(
-        tmp_path,
-        {
-            "collect_agent": {"host": "127.0.0.1", "spool_dir": str(tmp_path / "spool")},
-            "storage": {"sqlite": {"path": str(tmp_path / "agent.sqlite")}},
+    @asynccontextmanager
+    async def walk(tmp_path: Path) -> AsyncIterator[Walk]:
+        create = importlib.import_module(module).create_service
+        app = create(auth_config(tmp_path, sections(tmp_path))).http.app
+        async with asgi_client(app) as c:
+            yield fastapi_routes(app), c
+
+    return walk
+
+
+target("collect-agent")(
+    _service_target(
+        "services.collect_agent.app",
+        lambda d: {
+            "collect_agent": {"host": "127.0.0.1", "spool_dir": str(d / "spool")},
+            "storage": {"sqlite": {"path": str(d / "agent.sqlite")}},
         },
     )
-    app = create_service(cfg).http.app
-    async with asgi_client(app) as c:
-        yield fastapi_routes(app), c
-
-
-@target("query-api")
-@asynccontextmanager
-async def query_api(tmp_path: Path) -> AsyncIterator[Walk]:
-    from services.query_api.app import create_service
-
-    cfg = auth_config(
-        tmp_path,
-        {
+)
+target("query-api")(
+    _service_target(
+        "services.query_api.app",
+        lambda d: {
             "query_api": {"host": "127.0.0.1"},
-            "storage": {"sqlite": {"path": str(tmp_path / "query.sqlite")}},
+            "storage": {"sqlite": {"path": str(d / "query.sqlite")}},
         },
     )
-    app = create_service(cfg).http.app
-    async with asgi_client(app) as c:
-        yield fastapi_routes(app), c
-
-
-@target("allocator")
-@asynccontextmanager
-async def allocator(tmp_path: Path) -> AsyncIterator[Walk]:
-    from services.allocator.app import create_service
-
-    cfg = auth_config(
-        tmp_path,
-        {"allocator": {"host": "127.0.0.1", "state_dir": str(tmp_path / "allocator")}},
+)
+target("allocator")(
+    _service_target(
+        "services.allocator.app",
+        lambda d: {"allocator": {"host": "127.0.0.1", "state_dir": str(d / "allocator")}},
     )
-    app = create_service(cfg).http.app
-    async with asgi_client(app) as c:
-        yield fastapi_routes(app), c
+)
