@@ -113,7 +113,8 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
     if end <= start:
         raise ConfigError(f"--end {args.end} must be after --start {args.start}")
     step = parse_duration_ns(args.step) if args.step else None
-    token = args.token or client_token(config, Role.ADMIN)
+    # --apply needs admin; reading the telemetry alone, the read token serves
+    token = args.token or client_token(config, Role.ADMIN) or client_token(config, Role.READ)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or settings.query_api_url
     with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:

@@ -106,11 +106,15 @@ def load_auth(config: Config) -> AuthConfig:
 
 def client_token(config: Config, role: Role) -> str | None:
     """A token of ``role`` for a tool calling the services: the configured one, else the
-    token file's (never generating one); None under ``auth.mode: none``."""
+    token file's (never generating one); None under ``auth.mode: none`` or when only its
+    sha256 verifier is configured."""
     cfg = load_auth(config)
     if cfg.insecure:
         return None
-    return cfg.configured()[role] or stored_token(cfg.token_file or DEFAULT_TOKEN_FILE, role)
+    given = cfg.configured()[role]
+    if given is not None:
+        return None if is_hashed(given) else given  # a verifier is no credential to send
+    return stored_token(cfg.token_file or DEFAULT_TOKEN_FILE, role)
 
 
 def service_auth(config: Config, bind_host: str, what: str = "") -> ServiceAuth:

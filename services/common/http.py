@@ -27,6 +27,8 @@ from services.common.auth import (
     Denied,
     Role,
     check_host_origin,
+    hashed,
+    is_hashed,
     token_from_headers,
 )
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
@@ -122,7 +124,8 @@ def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine
     """A FastAPI dependency: require ``Authorization: Bearer <token>`` when a token is set.
 
     Superseded by :func:`requires` (roles); kept only while the pusher's REST API
-    moves to its own router (the pusher helper removes it).
+    moves to its own router (the pusher helper removes it). The token may be given as
+    its ``sha256:`` verifier (the chart does, so no node holds the admin token).
     """
 
     async def check(request: Request) -> None:
@@ -131,7 +134,9 @@ def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+        given = given.strip()
+        probe = hashed(given) if is_hashed(token) else given
+        if scheme.lower() != "bearer" or not hmac.compare_digest(probe.encode(), token.encode()):
             raise HTTPException(
                 status_code=status.HTTP_401_UNAUTHORIZED,
                 detail="missing or wrong bearer token",

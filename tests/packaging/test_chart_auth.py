@@ -39,6 +39,8 @@ def test_every_template_of_one_render_sees_the_same_tokens(default: Rendered) ->
     agent = _env(default, "collect-agent")
     for role in ROLES:
         assert agent[f"KELVIN_AUTH_{role.upper()}_TOKEN"]["value"] == hashed(tokens[role])
+    pusher = _env(default, "pusher")
+    assert pusher["KELVIN_PUSHER_TOKEN"]["value"] == hashed(tokens["admin"]), "no node holds it"
     ds = default.get("Secret", "kelvin-grafana-datasource")["stringData"]
     (source,) = yaml.safe_load(ds["kelvin-datasource.yaml"])["datasources"]
     assert source["secureJsonData"]["httpHeaderValue1"] == f"Bearer {tokens['read']}"
