@@ -80,6 +80,14 @@ it, so they must not contain `"` or `\`.
 
 {{- define "kelvin.collectAgentEnv" -}}
 {{- $m := .Values.mqtt }}
+{{- if eq (include "kelvin.collectAgentSpoolMode" .) "shared" }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: KELVIN_COLLECT_AGENT_SPOOL_DIR
+  value: /var/lib/kelvin/spools/$(POD_NAME)
+{{- end }}
 {{- include "kelvin.storageEnv" . }}
 {{- include "kelvin.authEnv" (dict "root" .) }}
 {{- if eq $m.mode "external" }}
