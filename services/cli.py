@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from services.common import logs
+from services.common.config import Config, LoggingSettings
 from services.common.errors import ConfigError, KelvinError, PortInUseError
 from services.common.service import Service, install_stop_signals, run_services
-from services.common.settings import Config, LoggingSettings
 
 log = logging.getLogger("kelvin")
 

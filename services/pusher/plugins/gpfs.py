@@ -14,9 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import Literal
 
-from pydantic import model_validator
-
 from services.common.errors import ConfigError
+from services.common.schema import model_validator
 from services.pusher.plugins.base import Group, Plugin, PluginConfig
 from services.pusher.plugins.text import ParsedGroup, TextSource
 

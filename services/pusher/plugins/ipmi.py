@@ -15,20 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from array import array
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-from pydantic import Field
-
 from services.common.errors import KelvinError
-from services.common.readings import Float64Array
+from services.common.schema import Field
 from services.pusher.plugins.base import (
     Group,
     GroupOptions,
     Plugin,
     PluginConfig,
     Sensor,
+    Values,
     interval_field,
 )
 from services.pusher.plugins.text import ParsedGroup, TextSource
@@ -139,10 +138,10 @@ class PyghmiGroup(Group):
         self.bmc = bmc
         self.keys = keys
 
-    def read(self, timestamp_ns: int) -> Float64Array:
+    def read(self, timestamp_ns: int) -> Values:
         found = self.bmc.read_pyghmi()
         nan = (float("nan"), None)
-        return np.array([found.get(k, nan)[0] for k in self.keys], dtype=np.float64)
+        return array("d", [found.get(k, nan)[0] for k in self.keys])
 
 
 class IpmiPlugin(Plugin):
