@@ -441,8 +441,13 @@ def _constrain(info: FieldInfo, value: Any, loc: tuple[Any, ...], errors: list[A
         and len(value) < info.min_length
     ):
         problem = (
-            "too_short",
-            f"List should have at least {info.min_length} item after validation, not {len(value)}",
+            ("too_short", f"String should have at least {info.min_length} characters")
+            if isinstance(value, str)
+            else (
+                "too_short",
+                f"List should have at least {info.min_length} item after validation, "
+                f"not {len(value)}",
+            )
         )
     if problem is None:
         return True

@@ -389,6 +389,10 @@ class HttpServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The server stops: end quietly (asyncio's streams report a cancelled
+            # connection task as an error in a callback).
+            pass
         finally:
             self._conns.discard(task)
             writer.close()

@@ -41,6 +41,7 @@ from services.pusher.formats import SensorMetadata
 
 log = logging.getLogger(__name__)
 
+
 class Values(Protocol):
     """What a group's read returns: one float per sensor (``array('d')``, a list of floats,
     or a numpy array, as third-party plugins may return)."""
@@ -48,6 +49,7 @@ class Values(Protocol):
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> Any: ...
     def __iter__(self) -> Iterator[Any]: ...
+
 
 _MODEL = ModelConfig(extra="forbid", camel=True)
 
@@ -191,7 +193,7 @@ class Group:
     so that it runs in the group's own worker thread under the read timeout.
     """
 
-    blocking: ClassVar[bool] = False
+    blocking: bool = False
 
     def __init__(
         self,

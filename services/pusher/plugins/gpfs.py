@@ -31,6 +31,10 @@ COUNTERS = {
 }
 
 
+MMPMON = ["/usr/lpp/mmfs/bin/mmpmon", "-p", "-s"]
+"""The default command (the only one a section loaded over REST may run)."""
+
+
 class GpfsConfig(PluginConfig):
     command: list[str] | None = None
     """The mmpmon command (default ``/usr/lpp/mmfs/bin/mmpmon -p -s``)."""
@@ -78,7 +82,7 @@ class GpfsPlugin(Plugin):
         if cfg.file is not None:
             source = TextSource("mmpmon", path=self.context.path(cfg.file))
         else:
-            argv = cfg.command or ["/usr/lpp/mmfs/bin/mmpmon", "-p", "-s"]
+            argv = self.context.command(cfg.command or MMPMON, MMPMON)
             source = TextSource("mmpmon", argv=argv, stdin=cfg.request + "\n")
         self.entities.append(source)
         found = parse_mmpmon(await source.text())

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import re
 from array import array
-from pathlib import Path
 from typing import Literal
 
 from services.common.errors import KelvinError
@@ -26,6 +25,7 @@ from services.pusher.plugins.base import (
     GroupOptions,
     Plugin,
     PluginConfig,
+    PluginContext,
     Sensor,
     Values,
     interval_field,
@@ -95,13 +95,11 @@ def sensor_values(text: str) -> dict[str, float]:
 class Bmc(TextSource):
     """One BMC: ``ipmitool ... sensor`` with the password in the environment."""
 
-    def __init__(self, cfg: HostConfig, plugin: IpmiConfig, base: Path | None) -> None:
+    def __init__(self, cfg: HostConfig, plugin: IpmiConfig, context: PluginContext) -> None:
         password = cfg.password
         if cfg.password_file:
-            path = Path(cfg.password_file)
-            path = path if path.is_absolute() or base is None else base / path
-            password = path.read_text().strip()
-        argv = [plugin.ipmitool]
+            password = context.path(cfg.password_file).read_text().strip()
+        argv = context.command([plugin.ipmitool], ["ipmitool"])
         if cfg.host:
             argv += ["-I", cfg.interface, "-H", cfg.host, "-N", "1", "-R", "1"]
             if cfg.username:
@@ -155,7 +153,7 @@ class IpmiPlugin(Plugin):
         assert isinstance(cfg, IpmiConfig)
         groups: list[Group] = []
         for h in cfg.hosts:
-            bmc = Bmc(h, cfg, self.context.config_dir)
+            bmc = Bmc(h, cfg, self.context)
             self.entities.append(bmc)
             opts = self.options_of(h)
             try:

@@ -57,7 +57,7 @@ class OpaPlugin(Plugin):
         assert isinstance(cfg, OpaConfig)
         opts = self.group_options()
         if cfg.command is not None:
-            source = TextSource("perfquery", argv=cfg.command)
+            source = TextSource("perfquery", argv=self.context.command(cfg.command, None))
             self.entities.append(source)
             keys = [
                 k

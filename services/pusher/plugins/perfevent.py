@@ -204,7 +204,7 @@ class PerfeventPlugin(Plugin):
         cfg = self.config
         assert isinstance(cfg, PerfeventConfig)
         try:
-            level = Path(cfg.paranoid_path).read_text().strip()
+            level = self.context.path(cfg.paranoid_path).read_text().strip()
         except OSError:
             level = "unknown"
         if exc.errno in (errno.EACCES, errno.EPERM):

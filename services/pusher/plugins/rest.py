@@ -244,6 +244,7 @@ class RestPlugin(Plugin):
         groups: list[Group] = []
         for e in cfg.endpoints:
             opts = self.options_of(e)
+            self.context.check_url(e.url)
             endpoint = Endpoint(e, (opts.timeout_ms or opts.interval_ms) / 1000)
             await endpoint.open()
             self.entities.append(endpoint)
