@@ -620,6 +620,107 @@ def _grid(workdir: Path, broker: tuple[int, subprocess.Popen[bytes]], quick: boo
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- encoders
+
+
+def _per_reading_us(fn: Callable[[], object], readings: int, min_s: float = 0.2) -> float:
+    """CPU µs per reading of ``fn`` (process time: the machine may be shared)."""
+    fn()
+    n, spent = 0, 0.0
+    start = time.process_time()
+    while spent < min_s:
+        fn()
+        n += 1
+        spent = time.process_time() - start
+    return 1e6 * spent / n / readings
+
+
+def _encoder_rows(n: int) -> list[str]:
+    from array import array
+
+    import numpy as np
+
+    from services.common import codec
+    from services.pusher.formats import Route, SensorMetadata, encode_dcdb, encode_kvb1
+
+    names = [f"/node17/procfs/meminfo/Sensor{i:05d}" for i in range(n)]
+    route = Route([SensorMetadata(name=x, scale=0.001) for x in names])
+    ts0 = 1_764_500_000_000_000_000
+    row = array("d", [float(i) * 1.5 for i in range(n)])
+    masked = array("B", [1] * n)
+    masked[7] = 0
+    ten = [array("d", row) for _ in range(10)]
+    lens = np.array(route.lens, dtype="<u2")
+    np_row = np.frombuffer(row, dtype=np.float64)
+
+    np_rows = np.stack([np_row] * 10)
+    np_ts = np.arange(ts0, ts0 + 10, dtype=np.int64)
+    np_keep = np.frombuffer(masked, dtype=np.uint8).astype(bool)
+
+    def np_kvb1(k: int = 1) -> bytes:
+        if k == 1:
+            vs, ts = np_row, np.full(n, ts0, dtype=np.int64)
+        else:  # the old encoder's layout: each sensor's k readings together
+            vs, ts = np_rows[:k].T.ravel(), np.tile(np_ts[:k], n)
+        return codec.encode_batch_columns(np.full(n, k, dtype="<u4"), lens, route.blob, ts, vs)
+
+    def np_kvb1_masked() -> bytes:
+        keep = np.flatnonzero(np_keep)
+        blob = b"".join([route.rel[i] for i in keep.tolist()])
+        return codec.encode_batch_columns(
+            np.ones(keep.shape[0], dtype="<u4"), lens[keep], blob,
+            np.full(keep.shape[0], ts0, dtype=np.int64), np_row[keep],
+        )  # fmt: skip
+
+    def np_dcdb() -> list[bytes]:
+        rec = np.empty((n, 1), dtype=codec.DCDB_RECORD)
+        rec["value"] = np.rint(np_row[:, None] / 0.001)
+        rec["ts"] = ts0
+        buf = rec.tobytes()
+        return [buf[j * 16 : (j + 1) * 16] for j in range(n)]
+
+    cases: list[tuple[str, Callable[[], object], Callable[[], object] | None, int]] = [
+        ("KVB1, 1 cycle", lambda: encode_kvb1(route, [ts0], [row], None), np_kvb1, n),
+        (
+            "KVB1, 1 cycle, one reading masked",
+            lambda: encode_kvb1(route, [ts0], [row], [masked]),
+            np_kvb1_masked,
+            n,
+        ),
+        (
+            "KVB1, 10 cycles (bursty, outage)",
+            lambda: encode_kvb1(route, list(range(ts0, ts0 + 10)), ten, None),
+            lambda: np_kvb1(10),
+            10 * n,
+        ),
+        ("DCDB, 1 cycle", lambda: encode_dcdb(route, [ts0], [row], None), np_dcdb, n),
+    ]
+    rows = []
+    for label, ours, ref, readings in cases:
+        mine = _per_reading_us(ours, readings)
+        theirs = _per_reading_us(ref, readings) if ref else float("nan")
+        ratio = f"{mine / theirs:.2f}x" if ref else ""
+        ref_txt = f"{theirs:.3f}" if ref else "-"
+        rows.append(f"| {n:,} sensors, {label} | {mine:.3f} | {ref_txt} | {ratio} |")
+    return rows
+
+
+def _encoders(quick: bool) -> str:
+    """The pusher's array/struct encoders beside numpy doing the same (what it did before)."""
+    rows = [r for n in ((1000,) if quick else (1000, 10000)) for r in _encoder_rows(n)]
+    return "\n".join(
+        [
+            "Encoding, CPU µs per reading (process time), the pusher's array/struct encoders "
+            "beside numpy building the same bytes (the codec's columns, as the pusher did "
+            "before; for DCDB numpy's records and one slice per sensor):",
+            "",
+            "| encoding | array/struct (now) | numpy | ratio |",
+            "|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
 def main(quick: bool) -> str:
     if not (_which("mosquitto")):
         return "mosquitto is not installed (Debian package mosquitto): benchmark not run"
@@ -628,7 +729,10 @@ def main(quick: bool) -> str:
         with _mosquitto(workdir) as broker:
             node = _node_window(workdir, broker[0], 10.0 if quick else 60.0)
             grid = _grid(workdir, broker, quick)
-    return f"### On a compute node, beside collectd and node_exporter\n\n{node}\n\n### DCDB's grid (tester plugin)\n\n{grid}"
+    return (
+        f"### On a compute node, beside collectd and node_exporter\n\n{node}\n\n"
+        f"### DCDB's grid (tester plugin)\n\n{grid}\n\n### Encoders\n\n{_encoders(quick)}"
+    )
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ a cycle of n sensors is a few ``bytes`` joins of ``array`` buffers, whatever n.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain, compress, repeat
+from itertools import accumulate, chain, compress, pairwise, repeat
 from typing import Any, Literal, Protocol
 
 from services.common import names
@@ -179,26 +180,42 @@ def encode_kvb1(
             _le(col_vs),
         )
     full = b"\x01" * n
-    flags = [full if m is None else bytes(bool(x) for x in m) for m in masks]
+    flags = [full if m is None else _flags(m) for m in masks]
     if k == 1:
         keep = flags[0]
-        sel = list(compress(range(n), keep))
-        counts = [1] * len(sel)
-        col_vs = array("d", compress(rows[0], keep))
-        col_t = array("q", repeat(stamps[0], len(sel)))
-    else:
-        sel, counts = [], []
-        col_vs = array("d")
-        col_t = array("q")
-        for j, (vs, ms) in enumerate(
-            zip(zip(*rows, strict=True), zip(*flags, strict=True), strict=True)
-        ):
-            c = sum(ms)
-            if c:
-                sel.append(j)
-                counts.append(c)
-                col_vs.extend(compress(vs, ms))
-                col_t.extend(compress(stamps, ms))
+        few = _few_left_out(route, stamps[0], rows[0], keep, budget)
+        if few is not None:
+            return few
+        lens = array("H", compress(route.lens, keep))  # C-level selections, no loop per sensor
+        m = len(lens)
+        if not m:
+            return []
+        blob = b"".join(compress(route.rel, keep))
+        ends = [0, *accumulate(lens)]
+        sizes = [0, *accumulate(map(operator.add, lens, repeat(22, m)))]
+        return _messages(
+            route.topic,
+            _split(sizes, budget),
+            route.ones[: 4 * m],
+            _le(lens),
+            blob,
+            ends,
+            None,
+            _I64.pack(stamps[0]) * m,
+            _le(array("d", compress(rows[0], keep))),
+        )
+    sel, counts = [], []
+    col_vs = array("d")
+    col_t = array("q")
+    for j, (vs, ms) in enumerate(
+        zip(zip(*rows, strict=True), zip(*flags, strict=True), strict=True)
+    ):
+        c = sum(ms)
+        if c:
+            sel.append(j)
+            counts.append(c)
+            col_vs.extend(compress(vs, ms))
+            col_t.extend(compress(stamps, ms))
     if not sel:
         return []
     lens = array("H", [route.lens[j] for j in sel])
@@ -217,6 +234,53 @@ def encode_kvb1(
         _le(col_t),
         _le(col_vs),
     )
+
+
+def _few_left_out(
+    route: Route, stamp: int, row: array[float], keep: bytes, budget: int
+) -> list[Message] | None:
+    """One cycle where only a few sensors have no reading (an unreadable file, a NaN): the
+    payload is the precomputed full columns spliced around them, one message. None when
+    more are left out, or when it would need splitting (the general path does that)."""
+    n = route.n
+    out: list[int] = []
+    pos = keep.find(0)
+    while pos >= 0:
+        out.append(pos)
+        if len(out) * 8 > n:
+            return None
+        pos = keep.find(0, pos + 1)
+    m = n - len(out)
+    if not m:
+        return []
+    sizes = route.sizes_one
+    left_out = sum(sizes[j + 1] - sizes[j] for j in out)
+    if sizes[n] - left_out > budget:
+        return None
+    bounds = [-1, *out, n]
+    spans = [(a + 1, b) for a, b in pairwise(bounds) if b > a + 1]
+    ends = route.name_ends
+    values = _le(row)
+    payload = b"".join(
+        (
+            _BATCH_HEAD.pack(b"KVB1", m, m),
+            route.ones[: 4 * m],
+            b"".join([route.lens_bytes[2 * a : 2 * b] for a, b in spans]),
+            b"".join([route.blob[ends[a] : ends[b]] for a, b in spans]),
+            _I64.pack(stamp) * m,
+            b"".join([values[8 * a : 8 * b] for a, b in spans]),
+        )
+    )
+    return [Message(route.topic, payload, m)]
+
+
+def _flags(mask: Mask) -> bytes:
+    """A mask as one byte per sensor (0 or 1), without a loop for byte-wide masks."""
+    if isinstance(mask, (bytes, bytearray)):
+        return bytes(mask)
+    if isinstance(mask, array) and mask.typecode in "bB":
+        return mask.tobytes()
+    return bytes(bool(x) for x in mask)
 
 
 def _messages(
@@ -262,6 +326,10 @@ def encode_dcdb(
     """One DCDB message per sensor with all its queued readings (16-byte records,
     ``rint(value / scale)`` as int64, then the timestamp)."""
     stamps = [int(t) for t in ts]
+    if len(stamps) == 1 and (mask is None or mask[0] is None):
+        fast = _dcdb_one_cycle(route, stamps[0], values[0])
+        if fast is not None:
+            return fast
     out = []
     rows = [list(r) for r in values]
     flags = [None] * len(rows) if mask is None else list(mask)
@@ -270,11 +338,26 @@ def encode_dcdb(
         records = [
             _DCDB.pack(_dcdb_int(row[j], scale), t)
             for t, row, m in zip(stamps, rows, flags, strict=True)
-            if m is None or m[j]
+            if (m is None or m[j]) and row[j] == row[j]
         ]
         if records:
             out.append(Message(name, b"".join(records), len(records)))
     return out
+
+
+def _dcdb_one_cycle(route: Route, stamp: int, row: Sequence[float]) -> list[Message] | None:
+    """The common case (one cycle, every reading sent) with one array write per column;
+    None when a value needs clipping to int64 (the general path handles it)."""
+    n = route.n
+    try:
+        ints = array("q", map(round, map(operator.truediv, row, route.scale)))
+    except (OverflowError, ValueError):
+        return None
+    rec = array("q", bytes(16 * n))
+    rec[0::2] = ints
+    rec[1::2] = array("q", [stamp]) * n
+    buf = _le(rec)
+    return [Message(name, buf[16 * j : 16 * j + 16], 1) for j, name in enumerate(route.names)]
 
 
 def encode(
