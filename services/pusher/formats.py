@@ -10,7 +10,6 @@ a cycle of n sensors is a few ``bytes`` joins of ``array`` buffers, whatever n.
 
 from __future__ import annotations
 
-import json
 import operator
 import struct
 import sys
@@ -22,6 +21,7 @@ from itertools import accumulate, chain, compress, pairwise, repeat
 from typing import Any, Literal, Protocol
 
 from services.common import names
+from services.common.metadata_json import metadata_payload
 
 Format = Literal["kvb1", "dcdb"]
 Mask = Sequence[Any]
@@ -375,23 +375,4 @@ def encode(
 
 def metadata_message(meta: SensorMetadata | Any) -> Message:
     """The DCDB metadata PUBLISH of a sensor (the bytes of ``codec.encode_metadata``)."""
-    doc: dict[str, Any] = {}
-    if meta.public_name:
-        doc["publicName"] = meta.public_name
-    if meta.pattern:
-        doc["pattern"] = meta.pattern
-    if meta.unit:
-        doc["unit"] = meta.unit
-    doc["scale"] = meta.scale
-    if meta.ttl_ms is not None:
-        doc["ttl"] = meta.ttl_ms
-    if meta.interval_ms is not None:
-        doc["interval"] = meta.interval_ms
-    if meta.operations:
-        doc["operations"] = ",".join(meta.operations)
-    doc["integrable"] = bool(meta.integrable)
-    doc["monotonic"] = bool(meta.monotonic)
-    doc["delta"] = bool(meta.delta)
-    doc["isVirtual"] = bool(meta.is_virtual)
-    doc["isOperation"] = bool(meta.is_operation)
-    return Message(METADATA_PREFIX + meta.name, json.dumps(doc, separators=(",", ":")).encode(), 0)
+    return Message(METADATA_PREFIX + meta.name, metadata_payload(meta), 0)

@@ -319,8 +319,21 @@ def check_request(req: Request, route: Route, guard: Guard) -> None:
             )
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """How long and how much a client may take before it is cut off."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0
+    """A keep-alive connection with no new request for this long is closed."""
+    max_header_bytes: int = 16 << 10
+    max_body_bytes: int = 1 << 20
+    max_connections: int = 64
+
+
 class HttpServer:
-    """Serve a :class:`Router` on a socket bound up front."""
+    """Serve a :class:`Router` on a socket bound in :meth:`start`."""
 
     def __init__(
         self,
@@ -330,26 +343,11 @@ class HttpServer:
         port: int,
         what: str = "pusher HTTP",
         flag: str | None = None,
-        header_timeout_s: float = 10.0,
-        body_timeout_s: float = 30.0,
-        idle_timeout_s: float = 30.0,
-        max_header_bytes: int = 16 << 10,
-        max_body_bytes: int = 1 << 20,
-        max_connections: int = 64,
+        limits: HttpLimits = HttpLimits(),
     ) -> None:
-        self.router = router
-        self.guard = guard
-        self.host = host
-        self.requested_port = port
-        self.what = what
-        self.flag = flag
+        self.router, self.guard, self.limits = router, guard, limits
+        self.host, self.requested_port, self.what, self.flag = host, port, what, flag
         self.port: int | None = None
-        self.header_timeout_s = header_timeout_s
-        self.body_timeout_s = body_timeout_s
-        self.idle_timeout_s = idle_timeout_s
-        self.max_header_bytes = max_header_bytes
-        self.max_body_bytes = max_body_bytes
-        self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
@@ -358,7 +356,7 @@ class HttpServer:
         sock = bind_tcp(self.host, self.requested_port, self.what, self.flag)
         self.port = bound_port(sock)
         self._server = await asyncio.start_server(
-            self._serve, sock=sock, limit=self.max_header_bytes
+            self._serve, sock=sock, limit=self.limits.max_header_bytes
         )
 
     async def stop(self) -> None:
@@ -374,7 +372,7 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._conns) >= self.max_connections:
+        if len(self._conns) >= self.limits.max_connections:
             self.guard.count("connections")
             writer.close()
             return
@@ -382,7 +380,7 @@ class HttpServer:
         try:
             first = True
             while True:
-                wait_s = self.header_timeout_s if first else self.idle_timeout_s
+                wait_s = self.limits.header_timeout_s if first else self.limits.idle_timeout_s
                 keep = await self._one(reader, writer, wait_s)
                 first = False
                 if not keep:
@@ -403,61 +401,48 @@ class HttpServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, wait_s: float
     ) -> bool:
         """Read and answer one request; whether the connection stays open."""
+        lim = self.limits
         try:
             async with asyncio.timeout(wait_s):
                 head = await reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
+        except (TimeoutError, asyncio.IncompleteReadError):
             return False  # idle keep-alive, or headers too slow: close without an answer
         except asyncio.LimitOverrunError:
-            self.guard.count("header_size")
-            await self._write(writer, json_response({"detail": "headers too large"}, 431), False)
-            return False
-        except asyncio.IncompleteReadError:
-            return False
+            return await self._refuse(writer, 431, "headers too large", "header_size")
         try:
             req, version = self._parse(head)
         except HttpError as exc:
-            await self._write(writer, json_response({"detail": exc.detail}, exc.status), False)
-            return False
+            return await self._refuse(writer, exc.status, exc.detail)
         keep = version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
-        length_text = req.headers.get("content-length")
         if req.headers.get("transfer-encoding"):
-            await self._write(
-                writer,
-                json_response(
-                    {"detail": "chunked bodies are not accepted; send Content-Length"}, 411
-                ),
-                False,
+            return await self._refuse(
+                writer, 411, "chunked bodies are not accepted; send Content-Length"
             )
-            return False
+        length_text = req.headers.get("content-length")
         if length_text:
+            if not length_text.isdigit():
+                return await self._refuse(writer, 400, "bad Content-Length")
+            length = int(length_text)
+            if length > lim.max_body_bytes:
+                detail = f"body larger than {lim.max_body_bytes} bytes"
+                return await self._refuse(writer, 413, detail, "body_size")
             try:
-                length = int(length_text)
-                if length < 0:
-                    raise ValueError
-            except ValueError:
-                await self._write(
-                    writer, json_response({"detail": "bad Content-Length"}, 400), False
-                )
-                return False
-            if length > self.max_body_bytes:
-                self.guard.count("body_size")
-                await self._write(
-                    writer,
-                    json_response({"detail": f"body larger than {self.max_body_bytes} bytes"}, 413),
-                    False,
-                )
-                return False
-            try:
-                async with asyncio.timeout(self.body_timeout_s):
+                async with asyncio.timeout(lim.body_timeout_s):
                     req.body = await reader.readexactly(length)
             except TimeoutError:
-                self.guard.count("body_timeout")
-                await self._write(writer, json_response({"detail": "body too slow"}, 408), False)
-                return False
+                return await self._refuse(writer, 408, "body too slow", "body_timeout")
         response = await self.dispatch(req)
         await self._write(writer, response, keep, head_only=req.method == "HEAD")
         return keep
+
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, status: int, detail: Any, reason: str | None = None
+    ) -> bool:
+        """Answer ``status`` and close (counted under ``reason``); False: the connection ends."""
+        if reason:
+            self.guard.count(reason)
+        await self._write(writer, json_response({"detail": detail}, status), False)
+        return False
 
     def _parse(self, head: bytes) -> tuple[Request, str]:
         try:

@@ -145,3 +145,14 @@ def test_a_cycle_with_a_few_readings_missing_is_one_message_spliced_around_them(
     assert msg.readings == 36
     assert codec.encode_batch("/h/g", batch) == (msg.topic, msg.payload), "the codec's bytes"
     assert encode_kvb1(r, [5], [row], [array("B", [0] * 40)]) == []
+
+
+def test_metadata_bytes_are_the_codecs() -> None:
+    from services.pusher.formats import SensorMetadata as Light
+    from services.pusher.formats import metadata_message
+
+    light = Light(name="/h/t/x", unit="W", scale=0.001, interval_ms=1000, monotonic=True)
+    heavy = SensorMetadata(name="/h/t/x", unit="W", scale=0.001, interval_ms=1000, monotonic=True)
+    msg = metadata_message(light)
+    assert (msg.topic, msg.payload) == codec.encode_metadata(heavy)
+    assert codec.decode_metadata("/h/t/x", msg.payload) == heavy

@@ -22,7 +22,7 @@ from services.common.auth import Role
 from services.common.config import Config
 from services.pusher.api import route_table
 from services.pusher.app import PusherService
-from services.pusher.http import Guard, HttpServer, Router
+from services.pusher.http import Guard, HttpLimits, HttpServer, Router
 from tests.pusher.conftest import running
 from tests.support.servers import free_port
 
@@ -164,7 +164,7 @@ async def _server(**limits: Any) -> HttpServer:
         return {"bytes": len(req.body)}
 
     guard = Guard(lambda: Credentials(), lambda: BrowserPolicy(None))
-    server = HttpServer(router, guard, "127.0.0.1", 0, **limits)
+    server = HttpServer(router, guard, "127.0.0.1", 0, limits=HttpLimits(**limits))
     await server.start()
     return server
 

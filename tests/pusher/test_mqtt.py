@@ -79,6 +79,7 @@ async def test_a_publish_the_broker_denies_is_dropped_counted_and_not_retried(
         await col.stop()
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # amqtt's own, about its plugins
 async def test_a_broker_that_speaks_only_mqtt_3_1_1_is_used_with_3_1_1(tmp_path: Path) -> None:
     from amqtt.broker import Broker
 
