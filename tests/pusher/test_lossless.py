@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,11 @@ import pytest
 
 from services.collect_agent import mqtt_packets as mp
 from services.collect_agent.app import CollectAgent
-from services.collect_agent.app import create_service as create_agent
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from services.pusher import mqtt, spool
 from services.pusher.app import PusherService
-from tests.collect_agent.conftest import agent_config
-from tests.pusher.conftest import Collector, make_config, running
+from tests.pusher.conftest import Collector, make_config, running, start_agent
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,27 +128,6 @@ async def test_unsent_readings_survive_a_kill_9_until_a_broker_acknowledges_them
 # --------------------------------------------------------------------------- moves
 
 
-@pytest.fixture
-async def agents(tmp_path: Path) -> AsyncIterator[list[CollectAgent]]:
-    """Collect agents started by a test (stopped after it), all on one SQLite database."""
-    started: list[CollectAgent] = []
-    yield started
-    for a in reversed(started):
-        await a.stop()
-
-
-async def _agent(tmp_path: Path, name: str, **settings: Any) -> CollectAgent:
-    cfg = agent_config(
-        tmp_path,
-        {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-        spool_dir=str(tmp_path / f"spool-{name}"),
-        **settings,
-    )
-    agent = create_agent(cfg)
-    await agent.start()
-    return agent
-
-
 async def _stored(db: Path, names: list[str]) -> dict[str, list[int]]:
     storage = SqliteStorage(SqliteSettings(path=db))
     await storage.open()
@@ -176,7 +152,7 @@ async def _reconnected(svc: PusherService, reason: int, before: float) -> None:
 async def test_a_broker_that_asks_its_clients_to_move_loses_nothing(
     tmp_path: Path, agents: list[CollectAgent]
 ) -> None:
-    a = await _agent(tmp_path, "a")
+    a = await start_agent(tmp_path, "a")
     agents.append(a)
     port = a.mqtt_port
     assert port is not None
@@ -203,7 +179,7 @@ async def test_a_broker_that_asks_its_clients_to_move_loses_nothing(
         before = svc.metrics.server_disconnects.labels("0x8B")._value.get()
         agents.remove(a)
         await a.stop()
-        b = await _agent(tmp_path, "b", mqtt_port=port)
+        b = await start_agent(tmp_path, "b", mqtt_port=port)
         agents.append(b)
         await _reconnected(svc, mp.RC_SERVER_SHUTTING_DOWN, before)
         sent = svc.publisher.sent_readings
@@ -245,7 +221,7 @@ async def test_publishes_to_the_agents_tls_endpoint_and_refuses_a_wrong_name(
     tmp_path: Path, agents: list[CollectAgent], agent_cert: tuple[Path, Path]
 ) -> None:
     cert, key = agent_cert
-    agent = await _agent(tmp_path, "tls", mqtt_tls_cert=str(cert), mqtt_tls_key=str(key))
+    agent = await start_agent(tmp_path, "tls", mqtt_tls_cert=str(cert), mqtt_tls_key=str(key))
     agents.append(agent)
     section = {
         "prefix": "/tls",

@@ -7,6 +7,7 @@ speaks only 3.1.1 and refuses an MQTT 5 CONNECT).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
@@ -16,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.pusher.conftest import Collector, make_config, running
+from services.collect_agent.app import CollectAgent
+from tests.pusher.conftest import Collector, make_config, running, start_agent
 from tests.support.servers import free_port, require_binary, wait_port
 
 
@@ -104,3 +106,28 @@ async def test_a_broker_that_speaks_only_mqtt_3_1_1_is_used_with_3_1_1(tmp_path:
             assert svc.publisher._versions == {f"127.0.0.1:{port}": 4}
     finally:
         await broker.shutdown()
+
+
+async def test_keep_alive_holds_an_idle_connection_open(
+    tmp_path: Path, agents: list[CollectAgent]
+) -> None:
+    """The collect agent drops a client silent for 1.5 keep-alive periods (swept each
+    second); the pusher's PINGREQs keep an idle connection open."""
+    from services.pusher import mqtt
+
+    agent = await start_agent(tmp_path, "ka")
+    agents.append(agent)
+    assert agent.mqtt_port is not None
+    lost: asyncio.Future[mqtt.MqttError] = asyncio.get_running_loop().create_future()
+    options = mqtt.ConnectOptions("127.0.0.1", agent.mqtt_port, "ka-test", keepalive_s=1)
+    conn = await mqtt.Connection.open(options, lambda pid, rc: None, lost.set_result)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(lost), 3.5)  # 3.5 periods of silence
+        assert not lost.done(), f"the broker dropped the idle connection: {lost.result()}"
+        acks: list[int] = []
+        conn.on_puback = lambda pid, rc: acks.append(pid)
+        conn.publish(b"/ka/x", b"\0" * 16, 1, 7)
+        await _until("PUBACK after the idle time", lambda: acks == [7])
+    finally:
+        conn.disconnect()
