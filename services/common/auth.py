@@ -21,6 +21,7 @@ without FastAPI. docs/security.md explains the whole model.
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -63,12 +64,26 @@ class Denied:
     message: str
 
 
+HASH_PREFIX = "sha256:"
+
+
+def hashed(token: str) -> str:
+    """The ``sha256:<hex>`` verifier of a token (what a service that never sends it may hold)."""
+    return HASH_PREFIX + hashlib.sha256(token.encode()).hexdigest()
+
+
+def is_hashed(token: str) -> bool:
+    return token.startswith(HASH_PREFIX)
+
+
 @dataclass
 class Credentials:
     """The tokens a service accepts, each with its role, and the roles open to anyone.
 
     ``open_roles`` holds the roles that need no credential (``kelvin up`` leaves
-    reads open on loopback; ``auth.mode: none`` opens every role).
+    reads open on loopback; ``auth.mode: none`` opens every role). A known token may
+    be given as ``sha256:<hex digest>``: a service that only checks a role then never
+    holds the token itself (the chart gives pushers on compute nodes only digests).
     """
 
     tokens: dict[str, Role] = field(default_factory=dict)
@@ -92,9 +107,11 @@ class Credentials:
             return None
         found: Role | None = None
         given = token.encode()
+        digest = hashed(token).encode()
         for known, role in self.tokens.items():
+            probe = digest if known.startswith(HASH_PREFIX) else given
             # No early exit: the time taken does not tell which token matched.
-            if hmac.compare_digest(given, known.encode()):
+            if hmac.compare_digest(probe, known.encode()):
                 found = role
         return found
 
@@ -171,7 +188,13 @@ class AuthConfig:
             raise AuthError(f"auth.mode: expected 'token' or 'none', got {self.mode!r}")
         for role in Role:
             tok = self.configured()[role]
-            if tok is not None and (len(tok) < 16 or tok != tok.strip()):
+            if tok is not None and is_hashed(tok):
+                digest = tok[len(HASH_PREFIX) :]
+                if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                    raise AuthError(
+                        f"auth.{role.value}_token: a sha256: verifier needs 64 lower-case hex digits"
+                    )
+            elif tok is not None and (len(tok) < 16 or tok != tok.strip()):
                 raise AuthError(
                     f"auth.{role.value}_token: a token needs at least 16 characters and no "
                     "surrounding whitespace (leave it out to have one generated)"

@@ -351,7 +351,10 @@ def decode_metadata(sensor: str, payload: bytes | memoryview) -> SensorMetadata:
     try:
         return SensorMetadata.model_validate({"name": sensor, **doc})
     except ValidationError as exc:
-        raise PayloadError(f"metadata for {sensor}: {_first_error(exc)}", "bad_metadata") from exc
+        # A NaN/infinite scale has its own reason: it would null every later reading.
+        finite = any(e["type"] == "finite_number" for e in exc.errors())
+        reason = "non_finite" if finite else "bad_metadata"
+        raise PayloadError(f"metadata for {sensor}: {_first_error(exc)}", reason) from exc
 
 
 def decode_public_name(sensor: str, payload: bytes | memoryview) -> SensorMetadata:

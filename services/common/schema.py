@@ -78,6 +78,8 @@ class FieldInfo:
     min_length: int | None = None
     validation_alias: AliasChoices | str | None = None
     description: str | None = None
+    allow_inf_nan: bool = True
+    """False: a NaN or infinite number is refused (a float field)."""
     annotation: Any = None
     name: str = ""
     aliases: tuple[str, ...] = ()
@@ -104,10 +106,20 @@ def Field(
     min_length: int | None = None,
     validation_alias: AliasChoices | str | None = None,
     description: str | None = None,
+    allow_inf_nan: bool = True,
 ) -> Any:
     """A field's default and constraints (``Field(1024, ge=1)``)."""
     return FieldInfo(
-        default, default_factory, ge, gt, le, lt, min_length, validation_alias, description
+        default,
+        default_factory,
+        ge,
+        gt,
+        le,
+        lt,
+        min_length,
+        validation_alias,
+        description,
+        allow_inf_nan,
     )
 
 
@@ -425,7 +437,9 @@ def _dump(value: Any) -> Any:
 def _constrain(info: FieldInfo, value: Any, loc: tuple[Any, ...], errors: list[Any]) -> bool:
     """Whether ``value`` meets the field's bounds; the first it misses is appended to ``errors``."""
     problem: tuple[str, str] | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, float) and not info.allow_inf_nan and not math.isfinite(value):
+        problem = ("finite_number", "Input should be a finite number")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if info.ge is not None and not value >= info.ge:
             problem = ("greater_than_equal", f"Input should be greater than or equal to {info.ge}")
         elif info.gt is not None and not value > info.gt:

@@ -29,6 +29,7 @@ from services.common.auth import (
     is_loopback,
     resolve_tokens,
 )
+from services.common.auth_settings import AuthSettings
 from services.common.config import Config
 from services.common.errors import ConfigError, NotFoundError
 from services.common.service import Service
@@ -41,7 +42,7 @@ from services.pusher.metrics import PusherMetrics
 from services.pusher.plugins.base import PluginConfig, PluginContext, Restrictions
 from services.pusher.prom import Registry
 from services.pusher.publisher import MqttOptions, MqttPublisher
-from services.pusher.settings import AuthSettings, Settings, short_hostname
+from services.pusher.settings import Settings, short_hostname
 
 log = logging.getLogger(__name__)
 

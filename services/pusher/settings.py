@@ -5,7 +5,8 @@ validated by its plugin's own model (see :mod:`services.pusher.config`). Light
 models (:class:`services.common.config.SectionModel`): the same YAML, env and
 flag precedence and the same error messages as the other services'
 pydantic-settings models, without pydantic in a compute node's pusher. The
-shared ``auth`` section is read here too (:class:`AuthSettings`).
+shared ``auth`` section is :class:`services.common.auth_settings.AuthSettings`
+(light too).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from services.common import names
-from services.common.auth import AuthConfig, AuthError
 from services.common.config import SectionModel
-from services.common.errors import ConfigError
 from services.common.schema import Field, field_validator
 
 
@@ -146,43 +145,3 @@ def parse_broker(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"broker {text!r}: expected host:port with a port in 1..65535")
     return host or "127.0.0.1", int(port)
-
-
-class AuthSettings(SectionModel):
-    """The shared ``auth`` section (env ``KELVIN_AUTH_*``), read without pydantic.
-
-    The same keys, types and checks as :class:`services.common.auth_settings.AuthSettings`
-    (the FastAPI services'); what they mean is :class:`services.common.auth.AuthConfig`'s
-    (docs/security.md).
-    """
-
-    section: ClassVar[str] = "auth"
-
-    mode: Literal["token", "none"] = "token"
-    """``token``: every route needs a credential of its role; ``none``: all open."""
-    read_token: str | None = Field(None, min_length=16)
-    write_token: str | None = Field(None, min_length=16)
-    admin_token: str | None = Field(None, min_length=16)
-    token_file: Path | None = None
-    """Where tokens not given are generated once (0600); None = ``data/auth/tokens.json``."""
-    open_reads: bool | None = None
-    """Reads without a token: None = only while bound to loopback."""
-    allowed_hosts: list[str] | None = None
-    """Host header names accepted (``*`` any); None = loopback names on a loopback bind."""
-    allowed_origins: list[str] = []
-    """Web origins allowed to send requests besides the service's own pages."""
-
-    def to_config(self) -> AuthConfig:
-        try:
-            return AuthConfig(
-                mode=self.mode,
-                read_token=self.read_token,
-                write_token=self.write_token,
-                admin_token=self.admin_token,
-                token_file=self.token_file,
-                open_reads=self.open_reads,
-                allowed_hosts=None if self.allowed_hosts is None else tuple(self.allowed_hosts),
-                allowed_origins=tuple(self.allowed_origins),
-            )
-        except AuthError as exc:
-            raise ConfigError(str(exc)) from None

@@ -14,8 +14,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.common.auth_settings import ServiceAuth, service_auth
 from services.common.errors import KelvinError, SensorNameError, TimeSpecError
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
@@ -23,6 +24,7 @@ from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import ApiContext
+from services.query_api.limits import HeavyQueryGate
 from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
@@ -37,7 +39,7 @@ def _reason(exc: KelvinError) -> str:
     from services.query_api.spec import SpecError
     from services.query_api.units import UnitError
     from services.query_api.virtual.define import DefinitionError
-    from services.query_api.virtual.parser import ExpressionError
+    from services.query_api.virtual.parser import ExpressionError, ExpressionTooDeep
 
     reasons: list[tuple[type[Exception], str]] = [
         (TimeSpecError, "bad_time"),
@@ -45,6 +47,7 @@ def _reason(exc: KelvinError) -> str:
         (SpecError, "bad_spec"),
         (UnitError, "bad_unit"),
         (QueryError, "bad_query"),
+        (ExpressionTooDeep, "too_deep"),
         (ExpressionError, "bad_expression"),
         (DefinitionError, "bad_definition"),
     ]
@@ -61,9 +64,15 @@ def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
 
 
 def create_app(
-    settings: Settings, metrics: ServiceMetrics, ctx: ApiContext | None = None
+    settings: Settings,
+    metrics: ServiceMetrics,
+    ctx: ApiContext | None = None,
+    auth: ServiceAuth | None = None,
 ) -> FastAPI:
-    """The ASGI app; ``ctx`` carries the storage (attached later by the service)."""
+    """The ASGI app; ``ctx`` carries the storage (attached later by the service).
+
+    Without ``auth`` every route that needs a role refuses (nothing is open by accident).
+    """
     ctx = ctx or ApiContext(settings, metrics)
     app = FastAPI(
         title="Kelvin query API",
@@ -72,6 +81,16 @@ def create_app(
         "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
     )
     app.state.ctx = ctx
+    app.add_middleware(
+        HeavyQueryGate,
+        max_heavy=settings.max_heavy_queries,
+        wait_s=settings.heavy_query_wait_s,
+        memory_bytes=settings.response_memory_bytes,
+        refused=ctx.metrics.refused,
+        spilled=ctx.metrics.spilled,
+    )
+    if auth is not None:
+        install_auth(app, auth, metrics)
     install_handlers(app, ctx)
 
     def ready() -> tuple[bool, str]:
@@ -100,9 +119,14 @@ class QueryApiService(HttpService):
     """Opens storage before serving; closes it after the HTTP server stopped."""
 
     def __init__(
-        self, settings: Settings, storage_settings: StorageSettings, profile: str = "run"
+        self,
+        settings: Settings,
+        storage_settings: StorageSettings,
+        profile: str = "run",
+        auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
         self.wanted_virtual = dict(settings.virtual_sensors)
         if profile == "demo":
             self.wanted_virtual = {**DEMO_VIRTUAL_SENSORS, **self.wanted_virtual}
@@ -110,13 +134,14 @@ class QueryApiService(HttpService):
         """Defines ``virtual_sensors`` (and the demo's); done once all of them exist."""
         self.storage_settings = storage_settings
         self.metrics = ServiceMetrics("query_api")
-        self.ctx = ApiContext(settings, self.metrics)
+        self.ctx = ApiContext(settings, self.metrics, auth=auth)
         super().__init__(
             "query-api",
-            create_app(settings, self.metrics, self.ctx),
+            create_app(settings, self.metrics, self.ctx, auth),
             settings.host,
             settings.port,
             "--query-api-port",
+            metrics=self.metrics,
         )
         self.storage: StorageBackend | None = None
 
@@ -174,4 +199,6 @@ def _differs(old: dict[str, Any], spec: VirtualIn) -> bool:
 
 
 def create_service(config: Config) -> QueryApiService:
-    return QueryApiService(config.load(Settings), config.load(StorageSettings), config.profile)
+    settings = config.load(Settings)
+    auth = service_auth(config, settings.host, "query API")
+    return QueryApiService(settings, config.load(StorageSettings), config.profile, auth)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.auth import AUTH_SECTION
 from tests.support.servers import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,11 @@ class AgentProcess:
         cfg = self.workdir / f"agent-{self.name}.yaml"
         cfg.write_text(
             yaml.safe_dump(
-                {"collect_agent": self.settings, "storage": {"sqlite": {"path": str(self.sqlite)}}}
+                {
+                    "collect_agent": self.settings,
+                    "storage": {"sqlite": {"path": str(self.sqlite)}},
+                    "auth": AUTH_SECTION,
+                }
             )
         )
         with open(self.log, "ab") as out:

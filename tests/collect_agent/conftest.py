@@ -10,6 +10,7 @@ import pytest
 
 from services.collect_agent.app import CollectAgent, create_service
 from services.common.settings import Config
+from tests.support.auth import with_auth
 
 AgentFactory = Callable[..., Awaitable[CollectAgent]]
 
@@ -24,10 +25,12 @@ def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settin
     }
     base.update(settings)
     return Config(
-        overrides={
-            "collect_agent": base,
-            "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-        }
+        overrides=with_auth(
+            {
+                "collect_agent": base,
+                "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+            }
+        )
     )
 
 

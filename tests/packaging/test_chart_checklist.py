@@ -213,7 +213,7 @@ def test_pusher_options_render(everything: Rendered) -> None:
 
 def test_features_needing_cluster_resources_are_off_by_default(default: Rendered) -> None:
     kinds = {o["kind"] for o in default.objects}
-    for kind in ("Ingress", "HorizontalPodAutoscaler", "StatefulSet", "NetworkPolicy"):
+    for kind in ("Ingress", "HorizontalPodAutoscaler", "StatefulSet"):
         assert kind not in kinds, f"{kind} rendered by default"
     assert not default.of_kind("ServiceMonitor", "PodMonitor")
     # The allocator's placements are the one thing persisted by default (its purpose).

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from services.common.auth_settings import AuthSettings
 from services.common.config import Config
 from services.common.errors import ConfigError
-from services.pusher.settings import AuthSettings, Settings, parse_broker
+from services.pusher.settings import Settings, parse_broker
 
 
 @pytest.mark.parametrize(

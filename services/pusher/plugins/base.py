@@ -61,7 +61,7 @@ class MetadataConfig(Model):
 
     unit: str | None = None
     """Physical unit of the published value (after ``factor``), e.g. ``W``, ``°C``."""
-    scale: float = 1.0
+    scale: float = Field(1.0, allow_inf_nan=False)
     """DCDB wire integer x scale = physical value (DCDB format only; KVB1 carries floats)."""
     integrable: bool = False
     monotonic: bool = False
