@@ -11,6 +11,7 @@ have influxd || need+=(influxdb)
 have victoria-metrics || need+=(victoria-metrics)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have collectd || need+=(collectd-core)  # bench_pusher: the peer a site would run instead
 have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
