@@ -92,8 +92,13 @@ def influxdb(work: Path) -> Server:
     return Server(server.proc, server.port, work)
 
 
+TOKEN = "bench-token-0123456789abcdef"
+"""Kelvin's write (and admin) token in the benchmarks; reads stay open on loopback."""
+
+
 def kelvin_agent(work: Path, env: dict[str, str] | None = None) -> Server:
-    """``kelvin run collect-agent`` on the embedded SQLite store, defaults otherwise."""
+    """``kelvin run collect-agent`` on the embedded SQLite store, defaults otherwise
+    (``/write`` needs ``TOKEN``)."""
     port = free_port()
     work.mkdir(parents=True, exist_ok=True)
     settings = {
@@ -104,6 +109,10 @@ def kelvin_agent(work: Path, env: dict[str, str] | None = None) -> Server:
         "KELVIN_STORAGE_SQLITE__PATH": str(work / "kelvin.sqlite"),
         "KELVIN_LOG_LEVEL": "WARNING",
         "KELVIN_LOGGING_ACCESS_LOG": "false",
+        "KELVIN_AUTH_WRITE_TOKEN": TOKEN,
+        "KELVIN_AUTH_ADMIN_TOKEN": TOKEN + "-admin",
+        "KELVIN_AUTH_READ_TOKEN": TOKEN + "-read",
+        "KELVIN_AUTH_TOKEN_FILE": str(work / "tokens.json"),
     }
     full = {**os.environ, **settings, **(env or {})}
     return _start([sys.executable, "-m", "services.cli", "run", "collect-agent"], port, work, full)

@@ -29,10 +29,12 @@ SERIES = 10_000
 PER_BODY = 1_000
 
 
-def _load(port: int, path: str, readings: int) -> dict[str, Any]:
+def _load(port: int, path: str, readings: int, token: str | None = None) -> dict[str, Any]:
+    auth = ["--header", f"Authorization: Bearer {token}"] if token else []
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.loadgen_http", "--port", str(port), "--path", path,
-         "--readings", str(readings), "--series", str(SERIES), "--per-body", str(PER_BODY)],
+         "--readings", str(readings), "--series", str(SERIES), "--per-body", str(PER_BODY),
+         *auth],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     import json
@@ -80,7 +82,7 @@ def kelvin(work: Path, readings: int) -> dict[str, float]:
     agent = peers.kelvin_agent(work)
     try:
         c0 = peers.cpu_s(agent.pid)
-        res = _load(agent.port, "/write", readings)
+        res = _load(agent.port, "/write", readings, peers.TOKEN)
         c_ack = peers.cpu_s(agent.pid)
         stored_at = peers.wait_until(
             lambda: peers.get_json(agent.port, "/api/v1/stats")["readings_written"] >= readings,

@@ -179,7 +179,9 @@ async def test_the_benchmark_client_writes_bodies_and_every_reading_is_stored(
     exactly (the benchmark's own count-back)."""
     assert agent.port is not None
     payloads = lg.bodies(3000, 300, 500)
-    res = await asyncio.to_thread(lg.post_all, agent.port, "/write", payloads, 4)
+    res = await asyncio.to_thread(
+        lg.post_all, agent.port, "/write", payloads, 4, headers(Role.WRITE)
+    )
     assert res["statuses"] == {"204": 6}, res
     await agent.spool.wait_empty()
     assert agent.storage is not None
