@@ -23,8 +23,10 @@ import httpx
 import pytest
 
 from services.common import codec
+from services.common.auth import Role
 from services.common.storage import StorageSettings, open_storage
 from tests.collect_agent.agent_proc import AgentProcess
+from tests.support.auth import headers
 from tests.support.influxdb import InfluxDB
 
 pytestmark = pytest.mark.slow
@@ -66,7 +68,8 @@ async def until_draining(proc: AgentProcess) -> None:
     """Poll ``/readyz`` of the process until it says it drains, then prove ``/write`` is
     refused with Retry-After."""
     deadline = time.monotonic() + 20
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{proc.http_port}") as http:
+    url = f"http://127.0.0.1:{proc.http_port}"
+    async with httpx.AsyncClient(base_url=url, headers=headers(Role.WRITE)) as http:
         while True:
             r = await http.get("/readyz")
             if r.status_code == 503 and "draining" in r.json()["reason"]:
