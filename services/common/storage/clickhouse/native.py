@@ -1,0 +1,148 @@
+"""ClickHouse wire formats from and to numpy: Native blocks in, RowBinary rows out.
+
+A Native block is ``varuint columns, varuint rows`` then, per column, its name,
+its type and its data: fixed-width numbers as little-endian arrays (the numpy
+buffer as is) and ``String`` as ``varuint length + bytes`` per row. The sensor
+column of a batch is built per *series* (one bytes multiplication each, in C
+through ``map``), never per reading. SQL literals are escaped here too, since
+ClickHouse 18.16 has no query parameters.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+from services.common.readings import Batch, Float64Array, Int64Array
+
+_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+_TRANS = str.maketrans(_ESCAPES)
+
+
+def varuint(n: int) -> bytes:
+    """LEB128, as ClickHouse writes lengths and counts."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def string(value: str) -> bytes:
+    """One ``String`` value: length + UTF-8 bytes."""
+    data = value.encode("utf-8", "surrogatepass")
+    return varuint(len(data)) + data
+
+
+def literal(value: str) -> str:
+    """A ClickHouse string literal (quotes, backslashes and control characters escaped)."""
+    return "'" + value.translate(_TRANS) + "'"
+
+
+def literals(values: Sequence[str]) -> str:
+    """``('a', 'b')`` for ``IN``; ``('')`` when empty so the SQL stays valid."""
+    return "(" + (", ".join(literal(v) for v in values) or "''") + ")"
+
+
+class StringCache:
+    """Encoded ``String`` values of names seen before (the same sensors arrive over and over)."""
+
+    def __init__(self, limit: int = 1_000_000) -> None:
+        self._cache: dict[str, bytes] = {}
+        self._limit = limit
+
+    def encode(self, names: Sequence[str]) -> list[bytes]:
+        cache = self._cache
+        try:
+            got = operator.itemgetter(*names)(cache)
+            return list(got) if len(names) > 1 else [got]
+        except KeyError:
+            if len(cache) > self._limit:
+                cache.clear()
+            for n in names:
+                if n not in cache:
+                    cache[n] = string(n)
+            return [cache[n] for n in names]
+        except TypeError:  # itemgetter() with no names
+            return []
+
+
+def column(name: str, type_: str, data: bytes | memoryview) -> list[bytes | memoryview]:
+    return [string(name), string(type_), data]
+
+
+def block(rows: int, columns: Sequence[list[bytes | memoryview]]) -> list[bytes | memoryview]:
+    """The parts of one Native block (send them as one body, in order)."""
+    parts: list[bytes | memoryview] = [varuint(len(columns)), varuint(rows)]
+    for c in columns:
+        parts.extend(c)
+    return parts
+
+
+def repeated(encoded: Sequence[bytes], counts: Sequence[int]) -> bytes:
+    """``String`` column data: ``encoded[i]`` repeated ``counts[i]`` times, in order."""
+    return b"".join(map(operator.mul, encoded, counts))
+
+
+def readings_block(batch: Batch, names: StringCache) -> list[bytes | memoryview]:
+    """The Native block ``(sensor String, ts Int64, value Float64)`` of a whole batch."""
+    ts = np.ascontiguousarray(batch.timestamps_ns, dtype="<i8")
+    vs = np.ascontiguousarray(batch.values, dtype="<f8")
+    sensors = repeated(names.encode(batch.sensors), batch.counts.tolist())
+    return block(
+        len(batch),
+        [
+            column("sensor", "String", sensors),
+            column("ts", "Int64", ts.data.cast("B")),
+            column("value", "Float64", vs.data.cast("B")),
+        ],
+    )
+
+
+def slice_batch(batch: Batch, max_rows: int) -> list[Batch]:
+    """Cut a batch into batches of at most ``max_rows`` readings (a series may be split)."""
+    n = len(batch)
+    if n <= max_rows:
+        return [batch]
+    out = []
+    offsets = batch.offsets
+    for a in range(0, n, max_rows):
+        b = min(a + max_rows, n)
+        i = int(np.searchsorted(offsets, a, "right")) - 1
+        j = int(np.searchsorted(offsets, b, "left"))
+        sub = np.clip(offsets[i : j + 1], a, b) - a
+        out.append(
+            Batch(
+                list(batch.sensors[i:j]),
+                sub.astype(np.int64),
+                batch.timestamps_ns[a:b],
+                batch.values[a:b],
+            )
+        )
+    return out
+
+
+_POINT = np.dtype([("ts", "<i8"), ("value", "<f8")])
+_INDEXED = np.dtype([("i", "<u4"), ("ts", "<i8"), ("value", "<f8")])
+
+
+def points(body: bytes) -> tuple[Int64Array, Float64Array]:
+    """RowBinary rows ``(ts Int64, value Float64)`` -> two contiguous arrays."""
+    if len(body) % _POINT.itemsize:
+        raise ValueError(f"RowBinary answer of {len(body)} bytes is not whole (ts, value) rows")
+    rows = np.frombuffer(body, dtype=_POINT)
+    return rows["ts"].copy(), rows["value"].copy()
+
+
+def indexed_points(body: bytes) -> tuple[np.ndarray, Int64Array, Float64Array]:
+    """RowBinary rows ``(i UInt32, ts Int64, value Float64)`` -> three arrays."""
+    if len(body) % _INDEXED.itemsize:
+        raise ValueError(f"RowBinary answer of {len(body)} bytes is not whole (i, ts, value) rows")
+    rows = np.frombuffer(body, dtype=_INDEXED)
+    return rows["i"].astype(np.int64), rows["ts"].copy(), rows["value"].copy()
