@@ -75,7 +75,7 @@ _USERS = """\
 _CLUSTER = """\
   <remote_servers><{name}>{shards}</{name}></remote_servers>
   <zookeeper><node><host>127.0.0.1</host><port>{zk}</port></node>
-    <session_timeout_ms>6000</session_timeout_ms><operation_timeout_ms>3000</operation_timeout_ms>
+    <session_timeout_ms>3000</session_timeout_ms><operation_timeout_ms>2000</operation_timeout_ms>
   </zookeeper>
   <macros><shard>{shard}</shard><replica>{replica}</replica></macros>
   <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
@@ -253,6 +253,12 @@ class ZooKeeper:
                 raise TimeoutError(f"zookeeper on port {self.port} not serving after {timeout_s} s")
             time.sleep(0.05)
 
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
 
 class ClickHouseCluster:
     """ZooKeeper plus ``shards x replicas`` ClickHouse servers in one named cluster."""
@@ -330,8 +336,9 @@ class ClickHouseCluster:
                     time.sleep(0.2)
 
     def stop(self) -> None:
+        """SIGKILL everything: the data is temporary, and a clean shutdown costs seconds."""
         for n in self.all_nodes:
-            n.stop()
+            n.kill()
         self.zk.stop()
 
     def cleanup(self) -> None:
