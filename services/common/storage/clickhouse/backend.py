@@ -214,10 +214,11 @@ class ClickHouseStorage(StorageBackend):
 
     # ------------------------------------------------------------------ hierarchy
     async def _names(self, where: str) -> list[str]:
+        """Sensors with readings, hourly rollups (outliving expired readings) or metadata."""
+        tables = [self.schema.name()] + ([self.schema.name("_1h")] if self.settings.rollups else [])
+        union = " UNION ALL ".join(f"SELECT DISTINCT sensor FROM {t} WHERE {where}" for t in tables)
         found = json_rows(
-            await self.http.query(
-                f"SELECT DISTINCT sensor FROM {self.schema.name()} WHERE {where} FORMAT JSONEachRow"
-            )
+            await self.http.query(f"SELECT DISTINCT sensor FROM ({union}) FORMAT JSONEachRow")
         )
         both = {r["sensor"] for r in found} | set(await self.catalog.metadata_names(where))
         return sorted(both)
