@@ -15,6 +15,9 @@ have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+have clickhouse-server || need+=(clickhouse-server)
+have clickhouse-client || need+=(clickhouse-client)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
