@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
+from services.collect_agent import spool_format as fmt
+from services.collect_agent.metrics import AgentMetrics
+from services.collect_agent.spool import Spool
+from services.collect_agent.writer import Writer
 from services.common.errors import RetryableStorageError
 from services.common.readings import Batch
 from services.common.sensors import SensorMetadata
@@ -62,7 +67,7 @@ async def store(cluster: ClickHouseCluster, database: str) -> AsyncIterator[Clic
             retries=2,
             backoff_s=0.05,
             insert_quorum=2,
-            insert_quorum_timeout_s=3.0,
+            insert_quorum_timeout_s=1.0,
             create_tables=False,  # created once by `database`; checked here
         )
     )
@@ -176,51 +181,39 @@ async def test_kill_9_of_a_replica_mid_ingest_loses_and_duplicates_nothing(
     np.testing.assert_array_equal(got[sensors(store)[7]].values[:50], np.full(50, 7.0))
 
 
-async def test_zookeeper_down_refuses_inserts_then_recovers(
-    cluster: ClickHouseCluster, store: ClickHouseStorage
+async def test_zookeeper_down_the_agents_spool_holds_then_drains(
+    cluster: ClickHouseCluster, store: ClickHouseStorage, tmp_path: Path
 ) -> None:
-    await store.write(batch(store, 0))
-    cluster.zk.stop()
+    """The collect agent's own spool and writer: inserts are refused while ZooKeeper is
+    down (retryable, nothing quarantined, the spool holds them); all land once, after."""
+    spool = Spool(tmp_path / "spool")
+    await spool.open()
+    writer = Writer(spool, store, AgentMetrics(), retry_max_s=0.2)
+    writer.start()
     try:
-        with pytest.raises(RetryableStorageError, match=r"code (242|999|225|319|159)"):
-            await store.write(batch(store, 1))
-        # reads need no ZooKeeper
-        assert len(await store.read(sensors(store)[0], T0, T0 + 10**6 * S)) >= 50
+        first = batch(store, 0)
+        await spool.append([(first, fmt.encode_readings(first))])
+        await asyncio.wait_for(spool.wait_empty(), 30)
+        cluster.zk.stop()
+        try:
+            for k in (1, 2):
+                b = batch(store, k)
+                await spool.append([(b, fmt.encode_readings(b))])
+            await until(lambda: writer.last_error is not None)
+            assert re.search(r"code (242|999|225|319|159)", writer.last_error or "")
+            assert spool.pending_readings == 2 * len(first)
+            # reads need no ZooKeeper
+            assert len(await store.read(sensors(store)[0], T0, T0 + 10**6 * S)) == 50
+        finally:
+            cluster.zk.start()
+        await asyncio.wait_for(spool.wait_empty(), 60)
+        assert not writer.quarantine_path.exists()
     finally:
-        cluster.zk.start()
-    await write_until_stored(store, batch(store, 1))
-    await write_until_stored(store, batch(store, 2))
+        await writer.stop()
+        await spool.close()
     cluster.wait_replicated(store.schema.local())
     rows = counts(cluster, store)
-    assert rows[0][0] + rows[2][0] == rows[0][1] + rows[2][1]  # nothing twice
-    got = await store.read_many(sensors(store), T0, T0 + 10**6 * S)
-    assert sum(len(v) for v in got.values()) == 3 * len(batch(store, 0))
-
-
-async def test_a_shard_down_is_an_error_not_a_partial_answer(
-    cluster: ClickHouseCluster, store: ClickHouseStorage, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await store.write(batch(store, 0))
-    names = sensors(store)
-    before = await store.read_many(names, T0, T0 + 10**6 * S)
-    assert all(len(v) == 50 for v in before.values())
-    monkeypatch.setattr(
-        store.http, "settings", store.http.settings.model_copy(update={"retries": 0})
-    )
-    for n in cluster.nodes[1]:
-        n.kill()
-    try:
-        with pytest.raises(RetryableStorageError, match=r"code (279|210|1000)"):
-            await store.read_many(names, T0, T0 + 10**6 * S)
-        with pytest.raises(RetryableStorageError):
-            await store.sensors("/")
-    finally:
-        for n in cluster.nodes[1]:
-            n.start()
-    monkeypatch.undo()
-    await write_until_stored(store, batch(store, 1))  # the shard is back: writes go through
-    after = await store.read_many(names, T0, T0 + 10**6 * S)
-    assert {k: len(v) for k, v in after.items()} == {k: 100 for k in before}
+    assert rows[0][0] + rows[2][0] == rows[0][1] + rows[2][1] == 3 * len(first)  # once each
 
 
 async def test_an_insert_whose_answer_is_lost_is_retried_once_stored(
@@ -255,3 +248,27 @@ async def test_existing_tables_are_checked_not_created(
     st = ClickHouseStorage(cluster.settings("cl_absent", create_tables=False, retries=0))
     with pytest.raises(Exception, match=r"lacks tables|create_tables"):
         await st.open()
+
+
+async def test_a_shard_down_is_an_error_not_a_partial_answer(  # last: shard 2 recovers after
+    cluster: ClickHouseCluster, store: ClickHouseStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.write(batch(store, 0))
+    names = sensors(store)
+    before = await store.read_many(names, T0, T0 + 10**6 * S)
+    assert all(len(v) == 50 for v in before.values())
+    monkeypatch.setattr(
+        store.http, "settings", store.http.settings.model_copy(update={"retries": 0})
+    )
+    for n in cluster.nodes[1]:
+        n.kill()
+    try:
+        with pytest.raises(RetryableStorageError, match=r"code (279|210|1000)"):
+            await store.read_many(names, T0, T0 + 10**6 * S)
+        with pytest.raises(RetryableStorageError):
+            await store.sensors("/")
+    finally:
+        for n in cluster.nodes[1]:
+            n.start()
+    after = await store.read_many(names, T0, T0 + 10**6 * S)  # reads need no ZooKeeper session
+    assert {k: len(v) for k, v in after.items()} == {k: len(v) for k, v in before.items()}
