@@ -162,9 +162,11 @@ class ClickHouseStorage(StorageBackend):
         async with self._sem:
             body = await self.http.select(
                 f"SELECT ts, value FROM {self.schema.name()} FINAL WHERE sensor = {literal(sensor)} "
-                f"AND ts >= {start_ns} AND ts < {end_ns} ORDER BY ts FORMAT RowBinary"
+                f"AND ts >= {start_ns} AND ts < {end_ns} FORMAT RowBinary"
             )
-        ts, vs = native.points(body)
+        # FINAL's answer comes sorted within each partition merge: checking here and sorting
+        # only when it is not (partitions out of order) costs less than ORDER BY there.
+        ts, vs = native.sorted_points(body)
         self.metrics.read_points.labels(self.kind).inc(ts.shape[0])
         self.metrics.op_seconds.labels(self.kind, "read").observe(time.perf_counter() - started)
         return Series(sensor, ts, vs)

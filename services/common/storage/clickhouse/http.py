@@ -8,7 +8,8 @@ connection) is sent again as is: a replicated table drops the identical block
 (block deduplication), and a plain table's ReplacingMergeTree collapses it,
 so a retry never shows a reading twice.
 
-Reads ask ``wait_end_of_query=1``: ClickHouse otherwise streams the answer
+Binary reads go through :mod:`.bulk` (``http.client`` in a thread) and ask
+``wait_end_of_query=1``: ClickHouse otherwise streams the answer
 with status 200 and appends an exception text to the body when a shard fails
 part-way, which a binary decoder would take for data.
 """
@@ -23,8 +24,9 @@ from typing import Any
 
 import httpx
 
-from services.common.errors import PermanentStorageError, RetryableStorageError, StorageError
+from services.common.errors import RetryableStorageError, StorageError
 from services.common.storage.clickhouse import errors
+from services.common.storage.clickhouse.bulk import BulkError, BulkPool
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import ClickHouseSettings
 
@@ -40,6 +42,7 @@ class ClickHouseHttp:
         self.metrics = metrics
         self.urls = [u.rstrip("/") for u in settings.urls]
         self.clients: list[httpx.AsyncClient] = []
+        self.bulk: list[BulkPool] = []
         self.current = 0
         self.version: tuple[int, ...] = ()
         self.version_text = ""
@@ -47,6 +50,7 @@ class ClickHouseHttp:
     async def open(self) -> None:
         s = self.settings
         headers = {"X-ClickHouse-User": s.username, "X-ClickHouse-Key": s.password}
+        self.bulk = [BulkPool(u, headers, s.timeout_s, s.concurrency + 2) for u in self.urls]
         self.clients = [
             httpx.AsyncClient(
                 base_url=u,
@@ -63,6 +67,8 @@ class ClickHouseHttp:
     async def close(self) -> None:
         for c in self.clients:
             await c.aclose()
+        for b in self.bulk:
+            b.close()
         self.clients = []
 
     def where(self, i: int | None = None) -> str:
@@ -75,7 +81,7 @@ class ClickHouseHttp:
         settings: dict[str, Any] | None = None,
         what: str = "query",
         node: int | None = None,
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """Run one statement; ``body`` is an INSERT's data (the SQL then goes in the URL).
         ``node`` pins the request to one node (no failover)."""
         if not self.clients:
@@ -107,42 +113,49 @@ class ClickHouseHttp:
 
     async def _once(
         self, i: int, params: dict[str, Any], content: bytes | list[bytes], what: str
-    ) -> bytes:
-        client = self.clients[i]
+    ) -> bytes | bytearray:
+        body = b"".join(content) if isinstance(content, list) else content
         try:
-            resp = await client.post(
-                "/",
-                params=params,
-                content=b"".join(content) if isinstance(content, list) else content,
-            )
-        except httpx.TimeoutException as exc:
-            self.metrics.errors.labels("clickhouse", "timeout").inc()
+            data: bytes | bytearray
+            if what == "read":
+                status, headers, data = await self.bulk[i].post(params, body)
+            else:
+                resp = await self.clients[i].post("/", params=params, content=body)
+                status, headers = resp.status_code, dict(resp.headers)
+                data = bytearray(resp.content) if status >= 300 else resp.content
+        except (httpx.TimeoutException, BulkError) as exc:
+            if isinstance(exc, httpx.TimeoutException) or exc.timeout:
+                self.metrics.errors.labels("clickhouse", "timeout").inc()
+                raise RetryableStorageError(
+                    f"clickhouse {self.where(i)}: {what} timed out after {self.settings.timeout_s} "
+                    f"s ({exc or type(exc).__name__}); an INSERT may have landed and is retried as is"
+                ) from exc
+            self.metrics.errors.labels("clickhouse", "connection").inc()
             raise RetryableStorageError(
-                f"clickhouse {self.where(i)}: {what} timed out after {self.settings.timeout_s} s "
-                f"({type(exc).__name__}); an INSERT may have landed and is retried as is"
+                f"clickhouse {self.where(i)}: {what}: unreachable ({exc})"
             ) from exc
         except httpx.TransportError as exc:
             self.metrics.errors.labels("clickhouse", "connection").inc()
             raise RetryableStorageError(
                 f"clickhouse {self.where(i)}: {what}: unreachable ({exc or type(exc).__name__})"
             ) from exc
-        if resp.status_code < 300:
-            return resp.content
-        text = resp.text
-        code = errors.code_of(text, resp.headers.get("X-ClickHouse-Exception-Code"))
-        err = errors.error(self.where(i), what, code, resp.status_code, text)
+        if status < 300:
+            return data
+        text = bytes(data).decode(errors="replace")
+        lowered = {k.lower(): v for k, v in headers.items()}
+        code = errors.code_of(text, lowered.get("x-clickhouse-exception-code"))
         self.metrics.errors.labels("clickhouse", f"code_{code}" if code else "http").inc()
-        if isinstance(err, PermanentStorageError):
-            raise err
-        raise err
+        raise errors.error(self.where(i), what, code, status, text)
 
     async def query(self, sql: str, **settings: Any) -> str:
         """A statement whose (small) answer is text."""
         return (await self.request(sql, settings=settings or None)).decode()
 
-    async def select(self, sql: str, **settings: Any) -> bytes:
-        """A SELECT whose answer is binary: buffered server-side so errors are never data."""
-        return await self.request(sql, settings={"wait_end_of_query": 1, **settings}, what="read")
+    async def select(self, sql: str, **settings: Any) -> bytearray:
+        """A SELECT whose answer is binary (:mod:`.bulk`), buffered server-side so that an
+        error part-way is an error status, never data."""
+        got = await self.request(sql, settings={"wait_end_of_query": 1, **settings}, what="read")
+        return got if isinstance(got, bytearray) else bytearray(got)
 
     async def insert(self, sql: str, body: Body, **settings: Any) -> None:
         await self.request(sql, body=body, settings=settings or None, what="insert")

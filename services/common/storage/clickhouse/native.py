@@ -132,7 +132,7 @@ _POINT = np.dtype([("ts", "<i8"), ("value", "<f8")])
 _INDEXED = np.dtype([("i", "<u4"), ("ts", "<i8"), ("value", "<f8")])
 
 
-def points(body: bytes) -> tuple[Int64Array, Float64Array]:
+def points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
     """RowBinary rows ``(ts Int64, value Float64)`` -> two contiguous arrays."""
     if len(body) % _POINT.itemsize:
         raise ValueError(f"RowBinary answer of {len(body)} bytes is not whole (ts, value) rows")
@@ -140,7 +140,16 @@ def points(body: bytes) -> tuple[Int64Array, Float64Array]:
     return rows["ts"].copy(), rows["value"].copy()
 
 
-def indexed_points(body: bytes) -> tuple[np.ndarray, Int64Array, Float64Array]:
+def sorted_points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
+    """:func:`points`, sorted by time (a no-op check when they already are)."""
+    ts, vs = points(body)
+    if ts.shape[0] > 1 and not bool(np.all(ts[1:] > ts[:-1])):
+        order = np.argsort(ts, kind="stable")
+        ts, vs = ts[order], vs[order]
+    return ts, vs
+
+
+def indexed_points(body: bytes | bytearray) -> tuple[np.ndarray, Int64Array, Float64Array]:
     """RowBinary rows ``(i UInt32, ts Int64, value Float64)`` -> three arrays."""
     if len(body) % _INDEXED.itemsize:
         raise ValueError(f"RowBinary answer of {len(body)} bytes is not whole (i, ts, value) rows")
