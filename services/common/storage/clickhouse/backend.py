@@ -139,19 +139,23 @@ class ClickHouseStorage(StorageBackend):
             return
         self._validate(batch)
         started = time.perf_counter()
-        nonempty = np.flatnonzero(batch.counts)
-        mins = np.minimum.reduceat(batch.timestamps_ns, batch.offsets[:-1][nonempty])
-        # Logged first: a write that fails half-way is still (conservatively) reported.
-        await self.catalog.log_writes(
-            [batch.sensors[i] for i in nonempty.tolist()], mins, self._log_time()
-        )
         table = self.schema.name()
-        for part in native.slice_batch(batch, self.settings.insert_rows):
-            await self.http.insert(
-                f"INSERT INTO {table} FORMAT Native",
-                native.readings_block(part, self.names),
-                **self.insert_settings,
-            )
+        sensors, mins = native.earliest_per_name(self.names, batch)
+        # The log goes with the readings (without waiting for a quorum: it is a hint that
+        # only ever makes modified_since more conservative); if it fails the write fails,
+        # and the retry logs it again, newer than any result computed in between.
+        log = self.catalog.log_writes(sensors, mins, self._log_time())
+        parts = native.slice_batch(batch, self.settings.insert_rows)
+
+        async def readings() -> None:
+            for part in parts:
+                await self.http.insert(
+                    f"INSERT INTO {table} FORMAT Native",
+                    native.readings_block(part, self.names),
+                    **self.insert_settings,
+                )
+
+        await asyncio.gather(log, readings())
         self.metrics.written.labels(self.kind).inc(len(batch))
         self.metrics.op_seconds.labels(self.kind, "write").observe(time.perf_counter() - started)
 

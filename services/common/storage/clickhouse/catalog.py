@@ -271,9 +271,8 @@ class Catalog:
                 native.column("min_ts", "Int64", np.ascontiguousarray(mins, "<i8").tobytes()),
             ],
         )
-        await self.http.insert(
-            f"INSERT INTO {self.t.name('_writes')} FORMAT Native", body, **self.insert_settings
-        )
+        quick = {k: v for k, v in self.insert_settings.items() if not k.startswith("insert_quorum")}
+        await self.http.insert(f"INSERT INTO {self.t.name('_writes')} FORMAT Native", body, **quick)
 
     async def written_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         found = await self._rows(

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from services.common.readings import Batch, Float64Array, Int64Array
 
@@ -51,26 +53,60 @@ def literals(values: Sequence[str]) -> str:
 
 
 class StringCache:
-    """Encoded ``String`` values of names seen before (the same sensors arrive over and over)."""
+    """Encoded ``String`` values and small integer ids of names seen before (the same
+    sensors arrive over and over, so both are one C-level dict lookup per series)."""
 
     def __init__(self, limit: int = 1_000_000) -> None:
-        self._cache: dict[str, bytes] = {}
+        self._encoded: dict[str, bytes] = {}
+        self._ids: dict[str, int] = {}
+        self.names: list[str] = []
+        """Name of each id."""
         self._limit = limit
 
-    def encode(self, names: Sequence[str]) -> list[bytes]:
-        cache = self._cache
-        try:
-            got = operator.itemgetter(*names)(cache)
-            return list(got) if len(names) > 1 else [got]
-        except KeyError:
-            if len(cache) > self._limit:
-                cache.clear()
-            for n in names:
-                if n not in cache:
-                    cache[n] = string(n)
-            return [cache[n] for n in names]
-        except TypeError:  # itemgetter() with no names
+    def _learn(self, names: Sequence[str]) -> None:
+        if len(self._ids) > self._limit:
+            self._encoded.clear()
+            self._ids.clear()
+            self.names.clear()
+        for n in names:
+            if n not in self._ids:
+                self._encoded[n] = string(n)
+                self._ids[n] = len(self.names)
+                self.names.append(n)
+
+    def _lookup(self, table: dict[str, Any], names: Sequence[str]) -> list[Any]:
+        if not names:
             return []
+        try:
+            got = operator.itemgetter(*names)(table)
+        except KeyError:
+            self._learn(names)
+            got = operator.itemgetter(*names)(table)
+        return list(got) if len(names) > 1 else [got]
+
+    def encode(self, names: Sequence[str]) -> list[bytes]:
+        return self._lookup(self._encoded, names)
+
+    def ids(self, names: Sequence[str]) -> npt.NDArray[np.int64]:
+        return np.array(self._lookup(self._ids, names), dtype=np.int64)
+
+
+def earliest_per_name(names: StringCache, batch: Batch) -> tuple[list[str], Int64Array]:
+    """The distinct sensors of a batch and each one's earliest timestamp (vectorised:
+    one lookup per series, no Python loop per reading or per repeat of a sensor)."""
+    counts = batch.counts
+    nonempty = np.flatnonzero(counts)
+    if nonempty.shape[0] == 0:
+        return [], np.empty(0, np.int64)
+    mins = np.minimum.reduceat(batch.timestamps_ns, batch.offsets[:-1][nonempty])
+    sensors = batch.sensors
+    if nonempty.shape[0] != len(sensors):
+        sensors = [sensors[i] for i in nonempty.tolist()]
+    ids = names.ids(sensors)
+    order = np.lexsort((mins, ids))
+    ids, mins = ids[order], mins[order]
+    first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    return [names.names[i] for i in ids[first].tolist()], mins[first]
 
 
 def column(name: str, type_: str, data: bytes | memoryview) -> list[bytes | memoryview]:
