@@ -165,8 +165,10 @@ HEAD = [
 
 
 # ---------------------------------------------------------------------- storage
-async def _kelvin_insert(cl: Cluster, db: str, data: list[Batch], cost: Cost) -> None:
-    st = ClickHouseStorage(cl.settings(db))
+async def _kelvin_insert(
+    cl: Cluster, db: str, data: list[Batch], cost: Cost, rollups: bool = True
+) -> None:
+    st = ClickHouseStorage(cl.settings(db, rollups=rollups))
     await st.open()
     try:
         await st.write(data[0])  # warm-up: connections, caches (not counted)
@@ -224,6 +226,7 @@ def storage_section(quick: bool) -> str:
         k, r = Cost(), Cost()
         for db in ("bench_k", "bench_r"):
             asyncio.run(_open_close(ClickHouseStorage(cl.settings(db))))
+        asyncio.run(_open_close(ClickHouseStorage(cl.settings("bench_k0", rollups=False))))
         raw = cl.connect("bench_r")
         raw_insert(raw, data[:1])
         with measured(cl.pids, r):
@@ -234,6 +237,10 @@ def storage_section(quick: bool) -> str:
         lines.append(_row("insert, 10k sensors, 200k per write, quorum 2", "**Kelvin backend**",
                           counted, k, f"Kelvin ÷ raw = **{r.wall / k.wall:.2f}**; {check}"))  # fmt: skip
         lines.append(_row("", "clickhouse-connect (raw)", counted, r))
+        k0 = Cost()
+        asyncio.run(_kelvin_insert(cl, "bench_k0", data, k0, rollups=False))
+        lines.append(_row("", "Kelvin backend, rollups off (no materialized views)", counted, k0,
+                          f"stored {cl.count('bench_k0'):,}"))  # fmt: skip
         one = batches(n_read, 1)
         raw_insert(raw, one)
         kr, rr = Cost(), Cost()
