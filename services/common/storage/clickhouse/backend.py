@@ -24,12 +24,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import PermanentStorageError, RetryableStorageError
-from services.common.readings import Batch, Float64Array, Int64Array, Series
-from services.common.sensors import JobRecord, SensorMetadata
+from services.common.readings import Batch, Series
 from services.common.storage.base import (
     Child,
     StorageBackend,
-    VirtualResults,
     check_names,
     children_of,
 )
@@ -38,6 +36,7 @@ from services.common.storage.clickhouse.catalog import Catalog, Clock, json_rows
 from services.common.storage.clickhouse.http import ClickHouseHttp
 from services.common.storage.clickhouse.native import literal, literals
 from services.common.storage.clickhouse.schema import Schema
+from services.common.storage.delegated import CatalogMethods
 from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import ClickHouseSettings
 
@@ -45,7 +44,7 @@ MAX_READABLE_NS = 2**63 - 2
 _IN_CHUNK = 500  # sensors per read_many query
 
 
-class ClickHouseStorage(StorageBackend):
+class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
     """ClickHouse backend (see module docstring)."""
 
     kind: ClassVar[str] = "clickhouse"
@@ -244,48 +243,6 @@ class ClickHouseStorage(StorageBackend):
     async def children(self, prefix: str = "/") -> list[Child]:
         return children_of(await self.sensors(prefix), prefix)
 
-    # ------------------------------------------------------------------ metadata
-    async def get_metadata(self, sensor: str) -> SensorMetadata | None:
-        return await self.catalog.get_metadata(sensor)
-
-    async def put_metadata(self, meta: SensorMetadata) -> None:
-        await self.catalog.put_metadata(meta)
-
-    async def list_metadata(self, prefix: str = "/") -> list[SensorMetadata]:
-        return await self.catalog.list_metadata(prefix)
-
-    # ------------------------------------------------------------------ virtual sensors
-    async def put_virtual(self, name: str, definition: dict[str, Any]) -> None:
-        await self.catalog.put_virtual(name, definition)
-
-    async def get_virtual(self, name: str) -> dict[str, Any] | None:
-        return await self.catalog.get_virtual(name)
-
-    async def list_virtual(self) -> dict[str, dict[str, Any]]:
-        return await self.catalog.list_virtual()
-
-    async def delete_virtual(self, name: str) -> bool:
-        return await self.catalog.delete_virtual(name)
-
-    async def write_virtual_results(
-        self,
-        name: str,
-        start_ns: int,
-        end_ns: int,
-        timestamps_ns: Int64Array,
-        values: Float64Array,
-        computed_at_ns: int,
-    ) -> None:
-        await self.catalog.write_virtual_results(
-            name, start_ns, end_ns, timestamps_ns, values, computed_at_ns
-        )
-
-    async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
-        return await self.catalog.read_virtual_results(name, start_ns, end_ns)
-
-    async def invalidate_virtual(self, name: str, start_ns: int, end_ns: int) -> None:
-        await self.catalog.drop_virtual(name, start_ns, end_ns)
-
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         out = await self.catalog.written_since(sensors, since_ns)
         pruned = await self.catalog.get_state("writes_pruned")
@@ -301,15 +258,6 @@ class ClickHouseStorage(StorageBackend):
                 m = int(r["m"])
                 out[r["sensor"]] = min(out.get(r["sensor"], m), m)
         return out
-
-    # ------------------------------------------------------------------ jobs
-    async def put_job(self, job: JobRecord) -> None:
-        await self.catalog.put_job(job)
-
-    async def jobs(
-        self, start_ns: int | None = None, end_ns: int | None = None, node: str | None = None
-    ) -> list[JobRecord]:
-        return await self.catalog.jobs(start_ns, end_ns, node)
 
     # ------------------------------------------------------------------ retention
     async def _delete(self, suffix: str, where: str) -> None:
