@@ -165,7 +165,7 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
         async with self._sem:
             body = await self.http.select(
                 f"SELECT ts, value FROM {self.schema.name()} FINAL WHERE sensor = {literal(sensor)} "
-                f"AND ts >= {start_ns} AND ts < {end_ns} FORMAT RowBinary"
+                f"AND ts >= {start_ns} AND ts < {end_ns} FORMAT Native"
             )
         # FINAL's answer comes sorted within each partition merge: checking here and sorting
         # only when it is not (partitions out of order) costs less than ORDER BY there.

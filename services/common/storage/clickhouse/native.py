@@ -168,6 +168,49 @@ _POINT = np.dtype([("ts", "<i8"), ("value", "<f8")])
 _INDEXED = np.dtype([("i", "<u4"), ("ts", "<i8"), ("value", "<f8")])
 
 
+def read_varuint(buf: bytes | bytearray, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, at
+        shift += 7
+
+
+def _read_string(buf: bytes | bytearray, at: int) -> tuple[str, int]:
+    n, at = read_varuint(buf, at)
+    return bytes(buf[at : at + n]).decode(), at + n
+
+
+def native_points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
+    """Native blocks ``(ts Int64, value Float64)`` -> two arrays (columnar on the wire:
+    one contiguous copy per column, none at all for a one-block answer)."""
+    ts_parts: list[np.ndarray] = []
+    vs_parts: list[np.ndarray] = []
+    at, end = 0, len(body)
+    while at < end:
+        ncols, at = read_varuint(body, at)
+        nrows, at = read_varuint(body, at)
+        if ncols != 2:
+            raise ValueError(f"Native answer has {ncols} columns; expected (ts, value)")
+        for parts, dtype in ((ts_parts, "<i8"), (vs_parts, "<f8")):
+            _, at = _read_string(body, at)
+            kind, at = _read_string(body, at)
+            if kind not in ("Int64", "Float64"):
+                raise ValueError(f"Native answer column of type {kind}; expected Int64/Float64")
+            if at + 8 * nrows > end:
+                raise ValueError(f"Native answer of {end} bytes is cut short")
+            parts.append(np.frombuffer(body, dtype, nrows, at))
+            at += 8 * nrows
+    if not ts_parts:
+        return np.empty(0, np.int64), np.empty(0, np.float64)
+    if len(ts_parts) == 1:
+        return ts_parts[0].astype(np.int64, copy=False), vs_parts[0].astype(np.float64, copy=False)
+    return np.concatenate(ts_parts).astype(np.int64), np.concatenate(vs_parts).astype(np.float64)
+
+
 def points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
     """RowBinary rows ``(ts Int64, value Float64)`` -> two contiguous arrays."""
     if len(body) % _POINT.itemsize:
@@ -177,8 +220,8 @@ def points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
 
 
 def sorted_points(body: bytes | bytearray) -> tuple[Int64Array, Float64Array]:
-    """:func:`points`, sorted by time (a no-op check when they already are)."""
-    ts, vs = points(body)
+    """:func:`native_points`, sorted by time (a no-op check when they already are)."""
+    ts, vs = native_points(body)
     if ts.shape[0] > 1 and not bool(np.all(ts[1:] > ts[:-1])):
         order = np.argsort(ts, kind="stable")
         ts, vs = ts[order], vs[order]
