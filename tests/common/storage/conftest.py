@@ -17,7 +17,11 @@ import pytest
 
 from services.common.storage import BACKENDS as REGISTRY
 from services.common.storage import StorageBackend, StorageSettings, create_storage
-from tests.support.clickhouse import ClickHouse
+from tests.support.clickhouse import (  # noqa: F401 (session fixtures)
+    ClickHouse,
+    clickhouse_cluster,
+    clickhouse_server,
+)
 from tests.support.influxdb import InfluxDB
 
 _db_ids = itertools.count()
@@ -35,16 +39,6 @@ def influx_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[In
     finally:
         for s in servers:
             s.stop()
-
-
-@pytest.fixture(scope="session")
-def clickhouse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    """A real clickhouse-server (single-server mode); each test gets its own database."""
-    server = ClickHouse(tmp_path_factory.mktemp("clickhouse")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class Store:

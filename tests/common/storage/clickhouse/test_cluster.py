@@ -1,7 +1,8 @@
 """The ClickHouse backend on a real cluster: 2 shards x 2 replicas + ZooKeeper, 5 processes.
 
-Started once for the module; each test uses its own database and leaves every
-process running again. Faults are real: SIGKILL of a replica, ZooKeeper stopped,
+Started once per session (``tests/support/clickhouse.py``); the module uses one
+database, each test its own sensor prefix, and every test leaves every process
+running again. Faults are real: SIGKILL of a replica, ZooKeeper stopped,
 both replicas of a shard stopped, a response lost after the insert landed.
 """
 
@@ -11,7 +12,7 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,8 @@ _prefixes = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseCluster]:
-    c = ClickHouseCluster(tmp_path_factory.mktemp("chcluster")).start()
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(clickhouse_cluster: ClickHouseCluster) -> ClickHouseCluster:
+    return clickhouse_cluster
 
 
 @pytest.fixture(scope="module")
