@@ -239,6 +239,49 @@ async def test_an_insert_whose_answer_is_lost_is_retried_once_stored(
     assert rows[0][0] + rows[2][0] == 2 * len(batch(store, 0))  # physically once each
 
 
+async def test_the_agents_writer_retries_a_lost_answer_with_the_same_records(
+    cluster: ClickHouseCluster,
+    store: ClickHouseStorage,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer to the writer's insert is lost and more readings arrive meanwhile:
+    the retry resends the same records (an identical block, dropped), not a bigger batch."""
+    monkeypatch.setattr(
+        store.http, "settings", store.http.settings.model_copy(update={"retries": 0})
+    )
+    spool = Spool(tmp_path / "spool")
+    await spool.open()
+    writer = Writer(spool, store, AgentMetrics(), retry_max_s=0.05)
+    lost = {"n": 0}
+    for client in store.http.clients:
+        real = client.post
+
+        async def post(url: str, *, real: Any = real, **kw: Any) -> httpx.Response:
+            resp = await real(url, **kw)
+            query = kw.get("params", {}).get("query", "")
+            if query.startswith(f"INSERT INTO {store.schema.name()} ") and lost["n"] == 0:
+                lost["n"] += 1
+                more = batch(store, 1)
+                await spool.append([(more, fmt.encode_readings(more))])
+                raise httpx.ReadTimeout("the answer was lost")
+            return resp
+
+        monkeypatch.setattr(client, "post", post)
+    first = batch(store, 0)
+    await spool.append([(first, fmt.encode_readings(first))])
+    writer.start()
+    try:
+        await asyncio.wait_for(spool.wait_empty(), 30)
+    finally:
+        await writer.stop()
+        await spool.close()
+    assert lost["n"] == 1
+    cluster.wait_replicated(store.schema.local())
+    rows = counts(cluster, store)
+    assert rows[0][0] + rows[2][0] == rows[0][1] + rows[2][1] == 2 * len(first)
+
+
 async def test_existing_tables_are_checked_not_created(
     cluster: ClickHouseCluster, tmp_path: Path
 ) -> None:
