@@ -90,12 +90,15 @@ class ClickHouseSettings(BaseModel):
     """HTTP endpoints (``http(s)://host:8123``). Several: any node of the cluster,
     tried in order (the next one when a node is down)."""
     database: str = "kelvin"
+    """Database holding every Kelvin table (created on open with ``create_tables``)."""
     cluster: str | None = None
     """Name of the cluster in the servers' ``<remote_servers>``: tables are
     ``Replicated*MergeTree`` on every node plus a ``Distributed`` table over them.
     None = one server, plain ``*MergeTree`` tables."""
     username: str = "default"
+    """ClickHouse user (sent as ``X-ClickHouse-User``)."""
     password: str = ""
+    """Its password (``X-ClickHouse-Key``); prefer ``KELVIN_STORAGE_CLICKHOUSE__PASSWORD``."""
     create_tables: bool = True
     """Create the database and tables on open (``ON CLUSTER`` in cluster mode);
     False = only check that they exist (a DBA created them)."""
@@ -106,16 +109,20 @@ class ClickHouseSettings(BaseModel):
     zookeeper_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
     """Replicated tables' ZooKeeper path (``{shard}`` is the server's macro)."""
     replica_name: str = "{replica}"
+    """Replica name of the replicated tables (``{replica}`` is the server's macro)."""
     insert_quorum: int = Field(0, ge=0)
     """Cluster mode: replicas that must hold an insert before it is acknowledged
     (0 = no quorum; 2 = an acknowledged write survives the loss of one replica)."""
     insert_quorum_timeout_s: float = Field(60.0, gt=0)
+    """How long an insert waits for its quorum before failing (retryably)."""
     timeout_s: float = Field(30.0, gt=0)
     """HTTP timeout of one request."""
     retries: int = Field(3, ge=0)
     """Attempts of a retryable failure (on the next URL) before RetryableStorageError."""
     backoff_s: float = Field(0.1, gt=0)
+    """First wait before a retry; doubles each attempt (with jitter)."""
     backoff_max_s: float = Field(2.0, gt=0)
+    """Longest wait between two attempts."""
     insert_rows: int = Field(1_000_000, ge=1_000)
     """Readings per INSERT request (a larger batch goes out in several)."""
     concurrency: int = Field(4, ge=1, le=64)
