@@ -107,6 +107,26 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
                 f"tables {', '.join(missing)}; set storage.clickhouse.create_tables or create "
                 "them with the DDL in docs/storage.md"
             )
+        cols = json_rows(
+            await self.http.query(
+                "SELECT name, type FROM system.columns WHERE database = "
+                f"{literal(self.settings.database)} AND table = {literal(self.settings.table)} "
+                "FORMAT JSONEachRow"
+            )
+        )
+        types = {c["name"]: c["type"] for c in cols}
+        want = {
+            "sensor": ("String", "LowCardinality(String)"),
+            "ts": ("Int64",),
+            "value": ("Float64",),
+        }
+        wrong = [f"{k} {' or '.join(v)}" for k, v in want.items() if types.get(k) not in v]
+        if wrong:
+            raise PermanentStorageError(
+                f"clickhouse {self.http.where()}: table {self.settings.database}."
+                f"{self.settings.table} needs columns {', '.join(wrong)}; it has "
+                f"{', '.join(f'{k} {v}' for k, v in types.items()) or 'none'}"
+            )
 
     async def close(self) -> None:
         await self.http.close()
