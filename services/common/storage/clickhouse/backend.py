@@ -32,7 +32,13 @@ from services.common.storage.base import (
     children_of,
 )
 from services.common.storage.clickhouse import native, rollups
-from services.common.storage.clickhouse.catalog import Catalog, Clock, json_rows, prefix_filter
+from services.common.storage.clickhouse.catalog import (
+    Catalog,
+    Clock,
+    chunked,
+    json_rows,
+    prefix_filter,
+)
 from services.common.storage.clickhouse.http import ClickHouseHttp
 from services.common.storage.clickhouse.native import literal, literals
 from services.common.storage.clickhouse.schema import Schema
@@ -41,7 +47,6 @@ from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import ClickHouseSettings
 
 MAX_READABLE_NS = 2**63 - 2
-_IN_CHUNK = 500  # sensors per read_many query
 
 
 class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
@@ -217,9 +222,7 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
                     out[name] = Series(name, ts[a:b], vs[a:b])
             self.metrics.read_points.labels(self.kind).inc(ts.shape[0])
 
-        await asyncio.gather(
-            *(chunk(unique[i : i + _IN_CHUNK]) for i in range(0, len(unique), _IN_CHUNK))
-        )
+        await asyncio.gather(*(chunk(list(part)) for part in chunked(unique)))
         return out
 
     async def latest(self, sensor: str) -> tuple[int, float] | None:
@@ -268,12 +271,14 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
         pruned = await self.catalog.get_state("writes_pruned")
         if pruned is not None and since_ns < pruned:
             # Writes after since_ns may have left the log: answer conservatively.
-            firsts = json_rows(
-                await self.http.query(
-                    f"SELECT sensor, min(ts) AS m FROM {self.schema.name()} WHERE sensor IN "
-                    f"{literals(sensors)} GROUP BY sensor FORMAT JSONEachRow"
+            firsts = []
+            for part in chunked(sensors):
+                firsts += json_rows(
+                    await self.http.query(
+                        f"SELECT sensor, min(ts) AS m FROM {self.schema.name()} WHERE sensor IN "
+                        f"{literals(part)} GROUP BY sensor FORMAT JSONEachRow"
+                    )
                 )
-            )
             for r in firsts:
                 m = int(r["m"])
                 out[r["sensor"]] = min(out.get(r["sensor"], m), m)
@@ -341,8 +346,7 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
             if meta.ttl_ms:
                 by_ttl.setdefault(meta.ttl_ms, []).append(meta.name)
         for ttl_ms, group in sorted(by_ttl.items()):
-            for i in range(0, len(group), _IN_CHUNK):
-                part = group[i : i + _IN_CHUNK]
+            for part in chunked(group):
                 await self._delete(
                     "", f"sensor IN {literals(part)} AND ts < {now_ns - ttl_ms * 1_000_000}"
                 )

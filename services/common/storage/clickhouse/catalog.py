@@ -49,6 +49,14 @@ def prefix_filter(column: str, prefix: str) -> str:
     return f"substring({column}, 1, {n}) = {literal(prefix)}"
 
 
+IN_CHUNK = 500
+"""Names per ``IN (...)`` list: the query text stays far below ``max_query_size`` (256 KiB)."""
+
+
+def chunked(names: Sequence[str]) -> list[Sequence[str]]:
+    return [names[i : i + IN_CHUNK] for i in range(0, len(names), IN_CHUNK)]
+
+
 def json_rows(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line]
 
@@ -275,11 +283,14 @@ class Catalog:
         await self.http.insert(f"INSERT INTO {self.t.name('_writes')} FORMAT Native", body, **quick)
 
     async def written_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
-        found = await self._rows(
-            f"SELECT sensor, min(min_ts) AS m FROM {self.t.name('_writes')} "
-            f"WHERE written_at > {since_ns} AND sensor IN {literals(sensors)} GROUP BY sensor"
-        )
-        return {r["sensor"]: int(r["m"]) for r in found}
+        out: dict[str, int] = {}
+        for part in chunked(sensors):
+            found = await self._rows(
+                f"SELECT sensor, min(min_ts) AS m FROM {self.t.name('_writes')} "
+                f"WHERE written_at > {since_ns} AND sensor IN {literals(part)} GROUP BY sensor"
+            )
+            out.update((r["sensor"], int(r["m"])) for r in found)
+        return out
 
     # ------------------------------------------------------------------ state
     async def get_state(self, key: str) -> int | None:
