@@ -24,7 +24,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import PermanentStorageError, RetryableStorageError
-from services.common.readings import Batch, Series
+from services.common.readings import Batch, Int64Array, Series
 from services.common.storage.base import (
     Child,
     StorageBackend,
@@ -47,6 +47,7 @@ from services.common.storage.metrics import StorageMetrics
 from services.common.storage.settings import ClickHouseSettings
 
 MAX_READABLE_NS = 2**63 - 2
+_NAMED_LIMIT = 2_000_000
 
 
 class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
@@ -67,6 +68,8 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
         self.catalog = Catalog(self.http, self.schema, self.clock, {})
         self._sem = asyncio.Semaphore(s.concurrency)
         self._last_log_ns = 0
+        self._named: set[str] = set()
+        """Sensor names this process knows are in ``<p>_names``."""
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -168,7 +171,7 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
         # The log goes with the readings (without waiting for a quorum: it is a hint that
         # only ever makes modified_since more conservative); if it fails the write fails,
         # and the retry logs it again, newer than any result computed in between.
-        log = self.catalog.log_writes(sensors, mins, self._log_time())
+        log = self._log_and_name(sensors, mins)
         parts = native.slice_batch(batch, self.settings.insert_rows)
 
         async def readings() -> None:
@@ -180,8 +183,18 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
                 )
 
         await asyncio.gather(log, readings())
+        self._named.update(sensors)  # only once the write is stored: a retry names them again
         self.metrics.written.labels(self.kind).inc(len(batch))
         self.metrics.op_seconds.labels(self.kind, "write").observe(time.perf_counter() - started)
+
+    async def _log_and_name(self, sensors: list[str], mins: Int64Array) -> None:
+        """The write-log rows of a write, and the names this process has not stored yet."""
+        new = [n for n in sensors if n not in self._named]
+        if len(self._named) + len(new) > _NAMED_LIMIT:
+            self._named.clear()  # bounded memory: names are stored again, harmlessly
+        await asyncio.gather(
+            self.catalog.log_writes(sensors, mins, self._log_time()), self.catalog.add_names(new)
+        )
 
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
         if start_ns >= end_ns:
@@ -241,25 +254,15 @@ class ClickHouseStorage(CatalogMethods[Catalog], StorageBackend):
         return await rollups.read(self, sensor, start_ns, end_ns, interval_ns, op)
 
     # ------------------------------------------------------------------ hierarchy
-    async def _names(self, where: str) -> list[str]:
-        """Sensors with readings, hourly rollups (outliving expired readings) or metadata."""
-        tables = [self.schema.name()] + ([self.schema.name("_1h")] if self.settings.rollups else [])
-        union = " UNION ALL ".join(f"SELECT DISTINCT sensor FROM {t} WHERE {where}" for t in tables)
-        found = json_rows(
-            await self.http.query(f"SELECT DISTINCT sensor FROM ({union}) FORMAT JSONEachRow")
-        )
-        both = {r["sensor"] for r in found} | set(await self.catalog.metadata_names(where))
-        return sorted(both)
-
     async def has_sensor(self, sensor: str) -> bool:
-        return bool(await self._names(f"sensor = {literal(sensor)}"))
+        return bool(await self.catalog.names(f"sensor = {literal(sensor)}"))
 
     async def sensors(self, prefix: str = "/") -> list[str]:
         from services.common import names
 
         return [
             n
-            for n in await self._names(prefix_filter("sensor", prefix))
+            for n in await self.catalog.names(prefix_filter("sensor", prefix))
             if names.is_under(n, prefix)
         ]
 

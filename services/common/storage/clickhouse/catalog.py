@@ -42,11 +42,15 @@ class Clock:
 
 
 def prefix_filter(column: str, prefix: str) -> str:
-    """SQL condition: ``column`` starts with ``prefix`` (bytes; callers refine with is_under)."""
+    """SQL condition: ``column`` is ``prefix`` or a name under it, as a key range (so the
+    primary key of a table ordered by ``column`` serves it): ``'/'`` < ``'0'`` in bytes."""
     if prefix == "/":
         return "1"
-    n = len(prefix.encode("utf-8", "surrogatepass"))
-    return f"substring({column}, 1, {n}) = {literal(prefix)}"
+    p = prefix.rstrip("/")
+    return (
+        f"({column} = {literal(p)} OR ({column} >= {literal(p + '/')} "
+        f"AND {column} < {literal(p + '0')}))"
+    )
 
 
 IN_CHUNK = 500
@@ -104,11 +108,18 @@ class Catalog:
         metas = [SensorMetadata.model_validate_json(r["j"]) for r in found]
         return sorted((m for m in metas if names.is_under(m.name, prefix)), key=lambda m: m.name)
 
-    async def metadata_names(self, where: str) -> list[str]:
+    async def names(self, where: str) -> list[str]:
+        """Sensors with readings (as written: ``<p>_names``) or metadata matching ``where``."""
         found = await self._rows(
-            f"SELECT DISTINCT sensor FROM {self.t.name('_meta')} WHERE {where}"
+            f"SELECT DISTINCT sensor FROM (SELECT sensor FROM {self.t.name('_names')} WHERE "
+            f"{where} UNION ALL SELECT sensor FROM {self.t.name('_meta')} WHERE {where})"
         )
-        return [r["sensor"] for r in found]
+        return sorted(r["sensor"] for r in found)
+
+    async def add_names(self, names: Sequence[str]) -> None:
+        if names:
+            ver = self.clock.take()
+            await self._insert_json("_names", [{"sensor": n, "version": ver} for n in names])
 
     # ------------------------------------------------------------------ virtual definitions
     async def put_virtual(self, name: str, definition: dict[str, Any]) -> None:

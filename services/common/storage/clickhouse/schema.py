@@ -17,6 +17,7 @@ sensor lives on one shard and ``FINAL`` deduplicates it there.
 | ``<p>_jobs`` | ReplacingMergeTree(version) | (domain_id, job_id) | job records |
 | ``<p>_writes`` | MergeTree | written_at | the write log behind modified_since |
 | ``<p>_state`` | ReplacingMergeTree(version) | key | small integers (log pruned up to) |
+| ``<p>_names`` | ReplacingMergeTree(version) | sensor | every sensor name Kelvin wrote (listings) |
 
 Servers from 20.1 on get ``LowCardinality(String)`` names, ``Delta, ZSTD`` on
 timestamps, ``ZSTD`` on values and table TTLs; 18.16 (Debian) gets plain
@@ -177,6 +178,7 @@ class Schema:
                 "job_id",
             ),
             ("_state", f"key String, value Int64, {v}", "key", "key"),
+            ("_names", f"sensor String, {v}", "sensor", "sensor"),
         ]
         for suffix, cols, key, shard in catalog:
             out += self._table(
@@ -195,6 +197,7 @@ class Schema:
     def tables(self) -> list[str]:
         """Names (without database) that must exist on the node Kelvin talks to."""
         suffixes = ["", "_meta", "_vdef", "_vpoints", "_vranges", "_jobs", "_state", "_writes"]
+        suffixes.append("_names")
         if self.s.rollups:
             suffixes += [f"_{k}" for k in ROLLUPS]
         out = [self.p + x for x in suffixes]
