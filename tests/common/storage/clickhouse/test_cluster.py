@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,31 @@ async def write_until_stored(
             await asyncio.sleep(0.05)
 
 
+def lose_first_answer(
+    st: ClickHouseStorage,
+    monkeypatch: pytest.MonkeyPatch,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
+) -> dict[str, int]:
+    """The first readings INSERT lands, then its answer is lost (a read timeout);
+    ``meanwhile`` runs in between. Returns the counter of lost answers."""
+    lost = {"n": 0}
+    for client in st.http.clients:
+        real = client.post
+
+        async def post(url: str, *, real: Any = real, **kw: Any) -> httpx.Response:
+            resp = await real(url, **kw)
+            query = kw.get("params", {}).get("query", "")
+            if query.startswith(f"INSERT INTO {st.schema.name()} ") and lost["n"] == 0:
+                lost["n"] += 1
+                if meanwhile is not None:
+                    await meanwhile()
+                raise httpx.ReadTimeout("timed out waiting for the answer")
+            return resp
+
+        monkeypatch.setattr(client, "post", post)
+    return lost
+
+
 async def test_cluster_round_trip_and_last_write_wins(store: ClickHouseStorage) -> None:
     await store.write(Batch.single("/a/x", [T0 + 2 * S, T0 + S, T0 + S], [2.0, 1.0, 10.0]))
     await store.write(Batch.single("/a/x", [T0 + 2 * S], [20.0]))
@@ -218,19 +243,7 @@ async def test_an_insert_whose_answer_is_lost_is_retried_once_stored(
 ) -> None:
     """The insert lands, the answer is lost (a timeout); the retry is the same block,
     and the replicated table drops it as a duplicate."""
-    lost = {"n": 0}
-    for client in store.http.clients:
-        real = client.post
-
-        async def post(url: str, *, real: Any = real, **kw: Any) -> httpx.Response:
-            resp = await real(url, **kw)
-            query = kw.get("params", {}).get("query", "")
-            if query.startswith(f"INSERT INTO {store.schema.name()} ") and lost["n"] == 0:
-                lost["n"] += 1
-                raise httpx.ReadTimeout("timed out waiting for the answer")
-            return resp
-
-        monkeypatch.setattr(client, "post", post)
+    lost = lose_first_answer(store, monkeypatch)
     await store.write(batch(store, 0))  # the backend's own retry
     assert lost["n"] == 1
     await store.write(batch(store, 1))
@@ -253,21 +266,12 @@ async def test_the_agents_writer_retries_a_lost_answer_with_the_same_records(
     spool = Spool(tmp_path / "spool")
     await spool.open()
     writer = Writer(spool, store, AgentMetrics(), retry_max_s=0.05)
-    lost = {"n": 0}
-    for client in store.http.clients:
-        real = client.post
 
-        async def post(url: str, *, real: Any = real, **kw: Any) -> httpx.Response:
-            resp = await real(url, **kw)
-            query = kw.get("params", {}).get("query", "")
-            if query.startswith(f"INSERT INTO {store.schema.name()} ") and lost["n"] == 0:
-                lost["n"] += 1
-                more = batch(store, 1)
-                await spool.append([(more, fmt.encode_readings(more))])
-                raise httpx.ReadTimeout("the answer was lost")
-            return resp
+    async def more_arrives() -> None:
+        more = batch(store, 1)
+        await spool.append([(more, fmt.encode_readings(more))])
 
-        monkeypatch.setattr(client, "post", post)
+    lost = lose_first_answer(store, monkeypatch, more_arrives)
     first = batch(store, 0)
     await spool.append([(first, fmt.encode_readings(first))])
     writer.start()
