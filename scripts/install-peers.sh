@@ -18,6 +18,12 @@ have kubectl || need+=(kubernetes-client)
 have clickhouse-server || need+=(clickhouse-server)
 have clickhouse-client || need+=(clickhouse-client)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+# `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
+if [ "${1:-}" = image ]; then
+  have podman || need+=(podman)
+  have runc || need+=(runc)
+  have debootstrap || need+=(debootstrap)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
