@@ -1,9 +1,11 @@
-"""The shared ``auth`` settings section (YAML ``auth:``, env ``KELVIN_AUTH_*``) for the FastAPI services.
+"""The shared ``auth`` settings section (YAML ``auth:``, env ``KELVIN_AUTH_*``), for every service.
 
 What each key means, token generation and the browser rule live in
 :mod:`services.common.auth` (framework-free, so the pusher shares them); this
-module only reads the section with pydantic-settings, as every other section is
-read, and turns it into what a service's HTTP app needs (:class:`ServiceAuth`).
+module reads the section (a light :class:`~services.common.config.SectionModel`:
+the same YAML/env/flag precedence and errors as the pydantic-settings sections,
+without pydantic, because ``kelvin run pusher`` reads it too on compute nodes)
+and turns it into what a service's HTTP app needs (:class:`ServiceAuth`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
-
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from services.common.auth import (
     DEFAULT_TOKEN_FILE,
@@ -29,17 +28,17 @@ from services.common.auth import (
     resolve_tokens,
     stored_token,
 )
+from services.common.config import Config, SectionModel
 from services.common.errors import ConfigError
-from services.common.settings import Config, SectionSettings
+from services.common.schema import Field
 
 log = logging.getLogger(__name__)
 
 
-class AuthSettings(SectionSettings):
+class AuthSettings(SectionModel):
     """Credentials and browser checks shared by every service (see docs/security.md)."""
 
     section: ClassVar[str] = "auth"
-    model_config = SettingsConfigDict(env_prefix="KELVIN_AUTH_")
 
     mode: Literal["token", "none"] = "token"
     """``token``: every route needs a credential of its role. ``none``: everything is open

@@ -76,7 +76,7 @@ async def until_draining(proc: AgentProcess) -> None:
                 break
             assert time.monotonic() < deadline, r.text
             await asyncio.sleep(0.02)
-        w = await http.post("/write", content=f"late v=1 {TS0}")
+        w = await http.post("/write", content=f"late v=1 {TS0}", headers=headers(Role.WRITE))
         assert w.status_code == 503 and w.headers["retry-after"], w.text
         assert "shutting down" in w.json()["error"]
 

@@ -54,3 +54,31 @@ target("allocator")(
         lambda d: {"allocator": {"host": "127.0.0.1", "state_dir": str(d / "allocator")}},
     )
 )
+
+
+@target("pusher")
+@asynccontextmanager
+async def pusher(tmp_path: Path) -> AsyncIterator[Walk]:
+    """The pusher's own router (no web framework): a real pusher on a loopback port, its
+    routes from ``services.pusher.api`` (the router the server dispatches on)."""
+    import httpx
+
+    from services.pusher.app import create_service
+    from tests.support.route_walk import RouteInfo
+    from tests.support.servers import free_port
+
+    section = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "state_dir": str(tmp_path / "pusher"),
+        "brokers": [f"127.0.0.1:{free_port()}"],  # none: the walk needs no broker
+        "plugins": {"tester": {"sensors": 1}},
+    }
+    svc = create_service(auth_config(tmp_path, {"pusher": section}))
+    await svc.start()
+    try:
+        routes = [RouteInfo(m, p, role) for m, p, role in svc.router.table()]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+            yield routes, c
+    finally:
+        await svc.stop()
