@@ -400,10 +400,17 @@ async def _mqtt_influx(quick: bool) -> str:
     return "Half the messages.\n\n" + "\n".join(_HEAD + await _influx_section(quick))
 
 
+async def _mqtt_clickhouse(quick: bool) -> str:
+    from benchmarks.clickhouse_cluster import agent_section
+
+    return await asyncio.to_thread(agent_section, quick, kelvin, rows, sensor_names())
+
+
 SECTIONS: list[tuple[str, Callable[[bool], Awaitable[str]]]] = [
     ("HTTP line protocol (`POST /write`) beside InfluxDB and VictoriaMetrics", _http),
     ("MQTT into SQLite", _mqtt_sqlite),
     ("MQTT into InfluxDB 1.x (Debian influxd)", _mqtt_influx),
+    ("MQTT into a ClickHouse cluster (2 shards x 2 replicas + ZooKeeper)", _mqtt_clickhouse),
 ]
 """(title, section): a backend's benchmark module appends its own here."""
 

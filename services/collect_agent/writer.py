@@ -93,11 +93,15 @@ class Writer:
     async def run(self) -> None:
         backoff = 0.05
         unknown_failures = 0
+        entries: list[Entry] = []
         while True:
             await self.spool.wait()
-            if self.spool.pending_readings < self.batch_readings:
-                await asyncio.sleep(COALESCE_S)
-            entries = self.spool.peek(self.batch_readings)
+            if not entries:
+                if self.spool.pending_readings < self.batch_readings:
+                    await asyncio.sleep(COALESCE_S)
+                # A retry sends the same records again, not more: a write whose answer was
+                # lost is then an identical block, which replicated stores drop.
+                entries = self.spool.peek(self.batch_readings)
             try:
                 await self._store(entries, isolate=unknown_failures >= UNKNOWN_ERROR_ATTEMPTS)
             except Exception as exc:
@@ -133,6 +137,7 @@ class Writer:
             backoff = 0.05
             unknown_failures = 0
             await self.spool.release(len(entries))
+            entries = []
 
     async def _store(self, entries: list[Entry], isolate: bool) -> None:
         pending: list[Batch] = []
