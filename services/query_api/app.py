@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.common.auth import Credentials, Role
 from services.common.errors import KelvinError, SensorNameError, TimeSpecError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.logs import RateLimitedLog
@@ -72,6 +73,7 @@ def create_app(
         "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
     )
     app.state.ctx = ctx
+    app.state.credentials = lambda: _credentials(settings)
     install_handlers(app, ctx)
 
     def ready() -> tuple[bool, str]:
@@ -85,6 +87,16 @@ def create_app(
     app.include_router(grafana.router(ctx))
     console.mount(app)
     return app
+
+
+def _credentials(settings: Settings) -> Credentials:
+    """Roles from the query API's own settings (token, protect_reads) until the shared
+    ``auth`` section provides them: reads open unless protected, the rest need the token."""
+    token = settings.token
+    open_roles = [] if settings.protect_reads else [Role.READ]
+    if not token:
+        open_roles = [Role.READ, Role.WRITE, Role.ADMIN]
+    return Credentials.from_roles({Role.ADMIN: [token]}, open_roles)
 
 
 DEMO_VIRTUAL_SENSORS = {

@@ -60,3 +60,5 @@ class Settings(SectionSettings):
     """Prometheus API: how far back an instant query looks for the latest reading."""
     prometheus_max_series: int = Field(10_000, ge=1)
     """Prometheus API: most series one selector may match."""
+    prometheus_max_samples: int = Field(50_000_000, ge=1000)
+    """Prometheus API: most samples one query may hold at once (Prometheus' ``query.max-samples``)."""
