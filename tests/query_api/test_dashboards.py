@@ -183,7 +183,9 @@ async def test_variable_queries_list_values(hall: Api, other_site: Api) -> None:
             for var in json.loads(path.read_text())["templating"]["list"]:
                 if var["type"] != "query":
                     continue
-                m = re.fullmatch(r"label_values\((.*), (\w+)\)", fill(var["query"]["query"], variables))
+                m = re.fullmatch(
+                    r"label_values\((.*), (\w+)\)", fill(var["query"]["query"], variables)
+                )
                 assert m, var
                 r = await api.client.get(
                     f"/prometheus/api/v1/label/{m.group(2)}/values", params={"match[]": m.group(1)}

@@ -39,7 +39,9 @@ def openmetrics(series: Iterable[Series]) -> str:
     families: dict[str, list[str]] = {}
     for labels, ts, vs in series:
         name = labels["__name__"]
-        lab = ",".join(f'{k}="{_om_escape(v)}"' for k, v in sorted(labels.items()) if k != "__name__")
+        lab = ",".join(
+            f'{k}="{_om_escape(v)}"' for k, v in sorted(labels.items()) if k != "__name__"
+        )
         rows = families.setdefault(name, [])
         for t, v in zip(ts.tolist(), vs.tolist(), strict=True):
             ms = t // 1_000_000

@@ -12,4 +12,12 @@ from services.query_api.promql.engine import Engine
 from services.query_api.promql.parser import parse, parse_duration_ns, parse_selector
 from services.query_api.promql.printer import to_string
 
-__all__ = ["Engine", "EvalError", "PromQLError", "parse", "parse_duration_ns", "parse_selector", "to_string"]
+__all__ = [
+    "Engine",
+    "EvalError",
+    "PromQLError",
+    "parse",
+    "parse_duration_ns",
+    "parse_selector",
+    "to_string",
+]

@@ -28,7 +28,9 @@ def _groups(v: Vector, grouping: list[str], without_: bool) -> tuple[list[Labels
     index: dict[Labels, int] = {}
     out: list[Labels] = []
     gid = np.empty(len(v), dtype=np.int64)
-    first_seen = np.argsort(np.where(v.present.any(axis=1), v.present.argmax(axis=1), v.steps), kind="stable")
+    first_seen = np.argsort(
+        np.where(v.present.any(axis=1), v.present.argmax(axis=1), v.steps), kind="stable"
+    )
     for i in first_seen.tolist():
         g = _group_labels(v.labels[i], grouping, without_)
         j = index.get(g)
@@ -42,7 +44,9 @@ def _groups(v: Vector, grouping: list[str], without_: bool) -> tuple[list[Labels
 def _int_param(k: F1) -> np.ndarray:
     bad = ~((k <= 9.223372036854775807e18) & (k >= -9.223372036854775808e18))
     if bool(bad.any()):
-        raise EvalError(f"Scalar value {go_float(float(k[np.flatnonzero(bad)[0]]))} overflows int64")
+        raise EvalError(
+            f"Scalar value {go_float(float(k[np.flatnonzero(bad)[0]]))} overflows int64"
+        )
     return np.trunc(k).astype(np.int64)
 
 
@@ -211,4 +215,3 @@ def _count_values(v: Vector, grouping: list[str], without_: bool, value_label: s
     counts = np.zeros((len(out_labels), steps))
     np.add.at(counts, (keys, cols), 1.0)
     return Vector(out_labels, counts, counts > 0)
-

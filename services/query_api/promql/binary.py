@@ -32,7 +32,8 @@ def _odd_int(y: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         frac, whole = np.modf(y)
         small = np.abs(y) < 2.0**53
-        return small & (frac == 0) & (np.fmod(np.where(small, whole, 0.0), 2) != 0)
+        odd = small & (frac == 0) & (np.fmod(np.where(small, whole, 0.0), 2) != 0)
+    return np.asarray(odd, dtype=bool)
 
 
 def go_pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -87,7 +88,7 @@ def go_pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         i = yi.astype(np.int64)
         live = i != 0
         while bool(live.any()):
-            blow = live & ((xe < -(1 << 12)) | ((1 << 12) < xe))
+            blow = live & ((xe < -(1 << 12)) | (xe > (1 << 12)))
             ae = np.where(blow, ae + xe, ae)
             live &= ~blow
             odd = live & ((i & 1) == 1)
@@ -125,17 +126,17 @@ def apply(op: str, a: F2 | F1, b: F2 | F1) -> np.ndarray:
         if op == "atan2":
             return np.arctan2(a, b)
         if op == "==":
-            return a == b
+            return np.asarray(a == b)
         if op == "!=":
-            return a != b
+            return np.asarray(a != b)
         if op == ">":
-            return a > b
+            return np.asarray(a > b)
         if op == "<":
-            return a < b
+            return np.asarray(a < b)
         if op == ">=":
-            return a >= b
+            return np.asarray(a >= b)
         if op == "<=":
-            return a <= b
+            return np.asarray(a <= b)
     raise AssertionError(op)
 
 
@@ -175,7 +176,9 @@ def _signature(lab: Labels, m: ast.VectorMatching) -> Labels:
     return without(lab, [*m.labels, "__name__"])
 
 
-def _presence_by_sig(v: Vector, m: ast.VectorMatching) -> tuple[list[Labels], dict[Labels, np.ndarray]]:
+def _presence_by_sig(
+    v: Vector, m: ast.VectorMatching
+) -> tuple[list[Labels], dict[Labels, np.ndarray]]:
     sigs = [_signature(lab, m) for lab in v.labels]
     anyp: dict[Labels, np.ndarray] = {}
     for sig, row in zip(sigs, v.present, strict=True):
@@ -242,7 +245,9 @@ def vector_vector(
             li.append(i)
             ri.append(j)
             pair_sig.append(sig_ids.setdefault(sig, len(sig_ids)))
-            out_labels.append(_result_labels(many.labels[i], one.labels[j], op, m, return_bool, drop))
+            out_labels.append(
+                _result_labels(many.labels[i], one.labels[j], op, m, return_bool, drop)
+            )
     if not li:
         return Vector.empty(steps)
     lv, rv = many.values[li], one.values[ri]
@@ -273,7 +278,9 @@ def _result_labels(
     return drop_name(lab) if return_bool else lab
 
 
-def _check_unique(present: np.ndarray, pair_sig: list[int], out_labels: list[Labels], card: str) -> None:
+def _check_unique(
+    present: np.ndarray, pair_sig: list[int], out_labels: list[Labels], card: str
+) -> None:
     sig = np.asarray(pair_sig, dtype=np.int64)
     if card == "one-to-one":
         counts = np.zeros((int(sig.max()) + 1, present.shape[1]), dtype=np.int64)
@@ -288,7 +295,9 @@ def _check_unique(present: np.ndarray, pair_sig: list[int], out_labels: list[Lab
     for k, key in enumerate(zip(pair_sig, out_labels, strict=True)):
         prev = seen.get(key)
         if prev is not None and bool((present[prev] & present[k]).any()):
-            raise EvalError("multiple matches for labels: grouping labels must ensure unique matches")
+            raise EvalError(
+                "multiple matches for labels: grouping labels must ensure unique matches"
+            )
         seen[key] = k
 
 

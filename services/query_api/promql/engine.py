@@ -15,7 +15,12 @@ from services.query_api.promql import ast
 from services.query_api.promql.aggregate import aggregate
 from services.query_api.promql.ast import EvalError, ValueType
 from services.query_api.promql.binary import binary
-from services.query_api.promql.functions import MATRIX_FUNCTIONS, absent_labels, call_instant, call_matrix
+from services.query_api.promql.functions import (
+    MATRIX_FUNCTIONS,
+    absent_labels,
+    call_instant,
+    call_matrix,
+)
 from services.query_api.promql.source import Source
 from services.query_api.promql.values import (
     I1,
@@ -157,7 +162,15 @@ class Evaluator:
         vs = e.vs
         ends = self._refs(vs.offset_ns, vs.at_ns, vs.at_kw)
         if self.nsteps == 0:
-            return Matrix([], np.empty(0, np.int64), np.empty(0), np.empty((0, 0), np.int64), np.empty((0, 0), np.int64), ends, e.range_ns)
+            return Matrix(
+                [],
+                np.empty(0, np.int64),
+                np.empty(0),
+                np.empty((0, 0), np.int64),
+                np.empty((0, 0), np.int64),
+                ends,
+                e.range_ns,
+            )
         series = await self.engine.source.select(
             vs.matchers, int(ends.min()) - e.range_ns, int(ends.max())
         )
@@ -228,7 +241,8 @@ class Evaluator:
             others.append(await self.eval(a) if i != index else String(""))
         m = await self.matrix(e.args[index])
         if name == "absent_over_time":
-            empty = ~(m.hi > m.lo).any(axis=0) if m.labels else np.ones(self.nsteps, dtype=bool)
+            found = np.asarray((m.hi > m.lo).any(axis=0), dtype=bool)
+            empty = ~found if m.labels else np.ones(self.nsteps, dtype=bool)
             lab = absent_labels(ast.unwrap(e.args[index]))
             return Vector([lab], np.ones((1, self.nsteps)), empty[None, :]).nonempty()
         values, present = call_matrix(name, m, others, self.steps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,9 @@ _MATH: dict[str, Callable[[F2], F2]] = {
 
 def _mapped(v: Vector, values: F2) -> Vector:
     """New values, ``__name__`` dropped (series that then collide merge or fail per step)."""
-    return Vector(v.labels, values, v.present).relabel([drop_name(lab) for lab in v.labels]).nonempty()
+    return (
+        Vector(v.labels, values, v.present).relabel([drop_name(lab) for lab in v.labels]).nonempty()
+    )
 
 
 def _scalar_row(s: Value) -> F1:
@@ -80,6 +83,10 @@ def _one_row(values: F1, present: np.ndarray, labels: Labels = ()) -> Vector:
 
 # ---------------------------------------------------------------------- dates
 def _date_parts(secs: np.ndarray, what: str) -> F1:
+    return np.asarray(_date_values(secs, what), dtype=np.float64)
+
+
+def _date_values(secs: np.ndarray, what: str) -> Any:
     days = np.floor_divide(secs, 86_400)
     if what == "hour":
         return ((secs - days * 86_400) // 3600).astype(np.float64)
@@ -324,12 +331,21 @@ def call_instant(node: ast.Call, args: list[Value], steps: I1) -> Value:
     if name == "vector":
         return _one_row(_scalar_row(args[0]), np.ones(nsteps, dtype=bool))
     v0 = args[0] if args else None
-    if name in ("days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute", "month", "year"):
+    if name in (
+        "days_in_month",
+        "day_of_month",
+        "day_of_week",
+        "day_of_year",
+        "hour",
+        "minute",
+        "month",
+        "year",
+    ):
         return _date(name, args, steps)
     assert isinstance(v0, Vector) or name in ("histogram_quantile", "histogram_fraction")
     if name == "absent":
         assert isinstance(v0, Vector)
-        empty = ~v0.present.any(axis=0) if len(v0) else np.ones(nsteps, dtype=bool)
+        empty = np.asarray(~v0.present.any(axis=0)) if len(v0) else np.ones(nsteps, dtype=bool)
         return _one_row(np.ones(nsteps), empty, absent_labels(ast.unwrap(node.args[0])))
     if name in ("clamp", "clamp_min", "clamp_max"):
         assert isinstance(v0, Vector)

@@ -15,16 +15,65 @@ def _f(name: str, args: tuple[ValueType, ...], ret: ValueType, variadic: int = 0
     return Function(name, args, variadic, ret)
 
 
-_MATH = (
-    "abs ceil floor exp sqrt ln log2 log10 sin cos tan asin acos atan sinh cosh tanh "
-    "asinh acosh atanh rad deg sgn absent sort sort_desc timestamp"
-).split()
-_OVER_TIME = (
-    "absent_over_time avg_over_time changes count_over_time delta deriv idelta increase "
-    "irate last_over_time max_over_time min_over_time present_over_time rate resets "
-    "stddev_over_time stdvar_over_time sum_over_time"
-).split()
-_DATES = "days_in_month day_of_month day_of_week day_of_year hour minute month year".split()
+_MATH = [
+    "abs",
+    "ceil",
+    "floor",
+    "exp",
+    "sqrt",
+    "ln",
+    "log2",
+    "log10",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "rad",
+    "deg",
+    "sgn",
+    "absent",
+    "sort",
+    "sort_desc",
+    "timestamp",
+]
+_OVER_TIME = [
+    "absent_over_time",
+    "avg_over_time",
+    "changes",
+    "count_over_time",
+    "delta",
+    "deriv",
+    "idelta",
+    "increase",
+    "irate",
+    "last_over_time",
+    "max_over_time",
+    "min_over_time",
+    "present_over_time",
+    "rate",
+    "resets",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "sum_over_time",
+]
+_DATES = [
+    "days_in_month",
+    "day_of_month",
+    "day_of_week",
+    "day_of_year",
+    "hour",
+    "minute",
+    "month",
+    "year",
+]
 
 FUNCTIONS: dict[str, Function] = {
     **{n: _f(n, (V,), V) for n in _MATH},

@@ -341,7 +341,9 @@ class Parser:
             try:
                 value = parse_number(t.text)
             except ValueError:
-                raise self.err(f'error parsing number: strconv.ParseFloat: parsing "{t.text}"') from None
+                raise self.err(
+                    f'error parsing number: strconv.ParseFloat: parsing "{t.text}"'
+                ) from None
             return ast.NumberLiteral(t.pos, t.pos + len(t.text), value)
         if k == "STRING":
             self.i += 1
@@ -463,7 +465,8 @@ class Parser:
 
 def _seconds_to_ms(value: float) -> int:
     """Prometheus' ``timestamp.FromFloatSeconds``: round(value * 1000) as Go rounds."""
-    return int(math.floor(value * 1000 + 0.5)) if value >= 0 else -int(math.floor(-value * 1000 + 0.5))
+    ms = math.floor(abs(value) * 1000 + 0.5)
+    return ms if value >= 0 else -ms
 
 
 # ---------------------------------------------------------------------- type checks
@@ -543,9 +546,13 @@ class Checker:
                         op_pos, f'label "{label}" must not occur in ON and GROUP clause at once'
                     )
         if lt not in (T.SCALAR, T.VECTOR):
-            raise self.err(n.lhs, "binary expression must contain only scalar and instant vector types")
+            raise self.err(
+                n.lhs, "binary expression must contain only scalar and instant vector types"
+            )
         if rt not in (T.SCALAR, T.VECTOR):
-            raise self.err(n.rhs, "binary expression must contain only scalar and instant vector types")
+            raise self.err(
+                n.rhs, "binary expression must contain only scalar and instant vector types"
+            )
         if (lt != T.VECTOR or rt != T.VECTOR) and m is not None:
             if m.labels:
                 raise self.err(n, "vector matching only allowed between instant vectors")
@@ -588,7 +595,9 @@ def _depth_check(text: str, root: ast.Expr) -> None:
     while stack:
         node, d = stack.pop()
         if d > MAX_DEPTH:
-            raise error_at(text, node.start, f"the query nests deeper than {MAX_DEPTH} levels; simplify it")
+            raise error_at(
+                text, node.start, f"the query nests deeper than {MAX_DEPTH} levels; simplify it"
+            )
         stack.extend((c, d + 1) for c in ast.children(node))
 
 

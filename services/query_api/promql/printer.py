@@ -135,7 +135,9 @@ def _offset(ns: int) -> str:
 
 def _selector(n: ast.VectorSelector, modifiers: bool = True) -> str:
     parts = sorted(
-        str(m) for m in n.matchers if not (m.name == "__name__" and m.op == "=" and m.value == n.name)
+        str(m)
+        for m in n.matchers
+        if not (m.name == "__name__" and m.op == "=" and m.value == n.name)
     )
     body = f"{n.name}{{{','.join(parts)}}}" if parts else n.name
     return body + (_at(n.at_ns, n.at_kw) + _offset(n.offset_ns) if modifiers else "")

@@ -28,7 +28,7 @@ STALE_BITS = 0x7FF0000000000002
 
 
 def is_stale(vs: F1) -> npt.NDArray[np.bool_]:
-    return vs.view(np.uint64) == np.uint64(STALE_BITS)
+    return np.asarray(vs.view(np.uint64) == np.uint64(STALE_BITS), dtype=bool)
 
 
 def seconds(ns: np.ndarray) -> np.ndarray:
@@ -111,7 +111,9 @@ class Vector:
     def take(self, rows: npt.ArrayLike) -> Vector:
         idx = np.asarray(rows, dtype=np.int64)
         times = self.times[idx] if self.times is not None else None
-        return Vector([self.labels[i] for i in idx.tolist()], self.values[idx], self.present[idx], times)
+        return Vector(
+            [self.labels[i] for i in idx.tolist()], self.values[idx], self.present[idx], times
+        )
 
     def nonempty(self) -> Vector:
         """Only the series present at some step (Prometheus keeps no empty series)."""

@@ -72,9 +72,7 @@ def _avg(sc: Scan) -> F1:
             count[:m] += 1
             mu = mean[:m]
             inf = np.isinf(mu)
-            skip = inf & (
-                (np.isinf(x) & ((mu > 0) == (x > 0))) | (~np.isinf(x) & ~np.isnan(x))
-            )
+            skip = inf & ((np.isinf(x) & ((mu > 0) == (x > 0))) | (~np.isinf(x) & ~np.isnan(x)))
             nm, nc = _kahan(x / count[:m] - mu / count[:m], mu, c[:m])
             mean[:m] = np.where(skip, mu, nm)
             c[:m] = np.where(skip, c[:m], nc)
@@ -192,18 +190,13 @@ def instant_value(m: Matrix, is_rate: bool) -> Result:
     last, prev = m.vs[b], m.vs[a]
     dt = m.ts[b] - m.ts[a]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if is_rate:
-            res = np.where(last < prev, last, last - prev) / _seconds(dt)
-        else:
-            res = last - prev
+        res = np.where(last < prev, last, last - prev) / _seconds(dt) if is_rate else last - prev
     out[ok] = res
     ok[ok] = dt != 0
     return out, ok
 
 
-def _regression(
-    m: Matrix, lo: I1, hi: I1, intercept_ns: I1 | None
-) -> tuple[F1, F1, np.ndarray]:
+def _regression(m: Matrix, lo: I1, hi: I1, intercept_ns: I1 | None) -> tuple[F1, F1, np.ndarray]:
     """Least squares slope and intercept per window, as Prometheus' linearRegression."""
     ok = (hi - lo) >= 2
     size = lo.shape[0]

@@ -53,8 +53,7 @@ def kelvin_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     cfg = d / "kelvin.yaml"
     cfg.write_text(
-        f"query_api:\n  host: 127.0.0.1\n  port: {port}\n"
-        f"storage:\n  sqlite:\n    path: {db}\n"
+        f"query_api:\n  host: 127.0.0.1\n  port: {port}\nstorage:\n  sqlite:\n    path: {db}\n"
     )
     log = open(d / "query-api.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(

@@ -37,7 +37,10 @@ def samples() -> dict[str, tuple[np.ndarray, np.ndarray]]:
                 i = np.arange(ts.shape[0])
                 out[f"{node}/power"] = (ts, 200 + 40 * r + 10 * n + 15 * np.sin(i / (7 + k)))
                 ts2 = _times(rng, 10_000 + 2_500 * n, 300)
-                out[f"{node}/inlet_temp"] = (ts2, 20 + r + k / 2 + rng.normal(0, 0.4, ts2.shape[0]).round(3))
+                out[f"{node}/inlet_temp"] = (
+                    ts2,
+                    20 + r + k / 2 + rng.normal(0, 0.4, ts2.shape[0]).round(3),
+                )
                 ts3 = _times(rng, 30_000, 2_000)
                 energy = np.cumsum(rng.integers(500, 1500, ts3.shape[0])).astype(np.float64)
                 if (r, k, n) == (0, 0, 0):
@@ -47,14 +50,20 @@ def samples() -> dict[str, tuple[np.ndarray, np.ndarray]]:
                     energy[40:] = energy[40:] / 7  # a reset to a non-zero value
                 out[f"{node}/energy"] = (ts3, energy)
         row_ts = _times(rng, 20_000, 0)
-        out[f"/dc/row{r}/power"] = (row_ts, 900 + 100 * r + np.cos(np.arange(row_ts.shape[0]) / 5) * 30)
+        out[f"/dc/row{r}/power"] = (
+            row_ts,
+            900 + 100 * r + np.cos(np.arange(row_ts.shape[0]) / 5) * 30,
+        )
     dc_ts = _times(rng, 15_000, 0)
     out["/dc/power"] = (dc_ts, 1900 + 20 * np.sin(np.arange(dc_ts.shape[0]) / 11))
 
     gap_ts = _times(rng, 15_000, 500)
     keep = (gap_ts < (T0_MS + 1_800_000) * MS) | (gap_ts > (T0_MS + 2_700_000) * MS)  # 15 min gap
     gap_ts = gap_ts[keep]
-    out["/dc/row1/rack0/node0/fan_rpm"] = (gap_ts, 3000 + 100 * np.sin(np.arange(gap_ts.shape[0]) / 3))
+    out["/dc/row1/rack0/node0/fan_rpm"] = (
+        gap_ts,
+        3000 + 100 * np.sin(np.arange(gap_ts.shape[0]) / 3),
+    )
 
     odd_ts = _times(rng, 15_000, 0)
     odd = 10 + np.arange(odd_ts.shape[0]) % 17 - 8.0

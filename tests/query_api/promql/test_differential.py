@@ -203,7 +203,9 @@ def queries() -> list[tuple[str, float]]:
 QUERIES = queries()
 
 
-async def _ask(c: httpx.AsyncClient, url: str, path: str, params: dict[str, str], post: bool) -> tuple[int, Any]:
+async def _ask(
+    c: httpx.AsyncClient, url: str, path: str, params: dict[str, str], post: bool
+) -> tuple[int, Any]:
     r = await (c.post(url + path, data=params) if post else c.get(url + path, params=params))
     return r.status_code, r.json()
 
@@ -217,7 +219,9 @@ def answers(prom: str, kelvin_api: str) -> dict[tuple[str, int], tuple[Any, Any]
         async with httpx.AsyncClient(timeout=60, limits=limits) as c:
             sem = asyncio.Semaphore(12)
 
-            async def both(key: tuple[str, int], path: str, params: dict[str, str], post: bool) -> tuple[tuple[str, int], tuple[Any, Any]]:
+            async def both(
+                key: tuple[str, int], path: str, params: dict[str, str], post: bool
+            ) -> tuple[tuple[str, int], tuple[Any, Any]]:
                 async with sem:
                     p, k = await asyncio.gather(
                         _ask(c, prom, "/api/v1" + path, params, post),

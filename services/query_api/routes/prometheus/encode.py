@@ -60,7 +60,11 @@ def range_result(value: Value, steps: np.ndarray) -> Iterator[bytes]:
             p = value.present[i]
             if not bool(p.any()):
                 continue
-            ts = tlist if bool(p.all()) else [t for t, keep in zip(tlist, p.tolist(), strict=True) if keep]
+            ts = (
+                tlist
+                if bool(p.all())
+                else [t for t, keep in zip(tlist, p.tolist(), strict=True) if keep]
+            )
             yield (b"" if first else b",") + _series(value.labels[i], ts, value.values[i][p])
             first = False
     yield b"]}"
@@ -70,7 +74,9 @@ def instant_result(value: Value, t_ns: int) -> Iterator[bytes]:
     """The ``data`` of an instant query (scalar, string, vector or matrix)."""
     t = fmt_time(t_ns)
     if isinstance(value, Scalar):
-        yield orjson.dumps({"resultType": "scalar", "result": [t, go_format_f(float(value.values[0]))]})
+        yield orjson.dumps(
+            {"resultType": "scalar", "result": [t, go_format_f(float(value.values[0]))]}
+        )
         return
     if isinstance(value, String):
         yield orjson.dumps({"resultType": "string", "result": [t, value.value]})

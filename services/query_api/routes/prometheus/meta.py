@@ -21,7 +21,6 @@ from services.query_api.routes.prometheus.params import (
     BadData,
     Params,
     ok,
-    one,
     openapi,
     time_ns,
 )
@@ -59,7 +58,9 @@ async def selected(ctx: ApiContext, params: Params, required: bool) -> list[Labe
         except Exception as exc:  # PromQLError: named as Prometheus names it
             raise BadData(f'invalid parameter "match[]": {exc}') from None
     names = await ctx.catalog.sensors("/")
-    chosen = [n for n in names if not matchers or any(matches(series_labels(n), m) for m in matchers)]
+    chosen = [
+        n for n in names if not matchers or any(matches(series_labels(n), m) for m in matchers)
+    ]
     return [series_labels(n) for n in await _in_range(ctx, chosen, start, end)]
 
 
@@ -97,11 +98,18 @@ def router(ctx: ApiContext, read: object) -> APIRouter:
         ctx.metrics.requests.labels("prometheus_label_values").inc()
 
         async def run(params: Params) -> Response:
-            if not name or not (name[0].isalpha() or name[0] == "_") or not all(
-                c.isalnum() or c == "_" for c in name
+            if (
+                not name
+                or not (name[0].isalpha() or name[0] == "_")
+                or not all(c.isalnum() or c == "_" for c in name)
             ):
                 raise BadData(f'invalid label name: "{name}"')
-            found = {v for lab in await selected(ctx, params, required=False) for k, v in lab if k == name}
+            found = {
+                v
+                for lab in await selected(ctx, params, required=False)
+                for k, v in lab
+                if k == name
+            }
             return ok(sorted(found))
 
         return await guarded(ctx, request, run)
@@ -132,7 +140,9 @@ def router(ctx: ApiContext, read: object) -> APIRouter:
             start = time_ns(params, "start", MIN_TIME_NS)
             end = time_ns(params, "end", MAX_TIME_NS)
             if end < start:
-                raise BadData('invalid parameter "end": end timestamp must not be before start time')
+                raise BadData(
+                    'invalid parameter "end": end timestamp must not be before start time'
+                )
             parse_query(params)
             empty: list[Any] = []
             return ok(empty)

@@ -36,7 +36,9 @@ class BadData(KelvinError):
 
 
 def ok(data: Any) -> Response:
-    return Response(orjson.dumps({"status": "success", "data": data}), media_type="application/json")
+    return Response(
+        orjson.dumps({"status": "success", "data": data}), media_type="application/json"
+    )
 
 
 async def read_params(request: Request) -> Params:
@@ -97,7 +99,9 @@ def step_ns(raw: str | None) -> int:
         try:
             ns = parse_duration_ns(text)
         except ValueError:
-            raise BadData(f'invalid parameter "step": cannot parse "{text}" to a valid duration') from None
+            raise BadData(
+                f'invalid parameter "step": cannot parse "{text}" to a valid duration'
+            ) from None
     if ns <= 0 or ns < 1_000_000:  # Prometheus' millisecond grid makes a sub-ms step zero
         raise BadData(
             'invalid parameter "step": zero or negative query resolution step widths are not '

@@ -86,7 +86,9 @@ def router(ctx: ApiContext, read: object) -> APIRouter:
 
     @r.get("/query_range", summary="Range query (PromQL)", operation_id="prometheus_query_range_get",
            openapi_extra=openapi("query", "start", "end", "step"))  # fmt: skip
-    @r.post("/query_range", summary="Range query (PromQL)", operation_id="prometheus_query_range_post")
+    @r.post(
+        "/query_range", summary="Range query (PromQL)", operation_id="prometheus_query_range_post"
+    )
     async def query_range(request: Request) -> Response:
         ctx.metrics.requests.labels("prometheus_query_range").inc()
 
