@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
+from services.collect_agent.remote_write import bridge_credentials
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
 from services.collect_agent.spool import Spool
@@ -69,6 +70,7 @@ class CollectAgent(HttpService):
         self._tasks: list[asyncio.Task[Any]] = []
         self._scales_loaded = asyncio.Event()
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
+        app.state.credentials = lambda: bridge_credentials(self.settings.api_token)
         install_error_handlers(app)
         app.include_router(health_router(self.metrics.service, self._ready))
         app.include_router(create_router(self))

@@ -105,3 +105,42 @@ class Prometheus:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+class KelvinService:
+    """One ``kelvin run <service>`` process with a YAML configuration (as its container runs)."""
+
+    def __init__(self, workdir: Path, service: str, config: str, port: int) -> None:
+        self.workdir = workdir
+        self.service = service
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.config = workdir / f"{service}.yaml"
+        self.config.write_text(config)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> KelvinService:
+        import os
+        import sys
+
+        self.log = open(self.workdir / f"{self.service}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "run", self.service, "--config", str(self.config)],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        wait_port(self.port, timeout=30, proc=self.proc)
+        return self
+
+    def tail(self) -> str:
+        return (self.workdir / f"{self.service}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

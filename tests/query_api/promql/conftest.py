@@ -8,9 +8,6 @@ in its own process, as in production.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +18,8 @@ from services.common.readings import Batch, Series
 from services.common.storage import open_storage
 from services.common.storage.settings import StorageSettings
 from tests.query_api.promql import dataset
-from tests.support.prometheus import Prometheus, openmetrics
-from tests.support.servers import free_port, wait_port
+from tests.support.prometheus import KelvinService, Prometheus, openmetrics
+from tests.support.servers import free_port
 
 
 @pytest.fixture(scope="session")
@@ -51,21 +48,10 @@ def kelvin_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = d / "kelvin.sqlite"
     asyncio.run(_fill(db))
     port = free_port()
-    cfg = d / "kelvin.yaml"
-    cfg.write_text(
-        f"query_api:\n  host: 127.0.0.1\n  port: {port}\nstorage:\n  sqlite:\n    path: {db}\n"
-    )
-    log = open(d / "query-api.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", "query-api", "--config", str(cfg)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=d, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    config = f"query_api:\n  host: 127.0.0.1\n  port: {port}\nstorage:\n  sqlite:\n    path: {db}\n"
+    svc = KelvinService(d, "query-api", config, port).start()
     try:
-        wait_port(port, timeout=30, proc=proc)
-        url = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
-        yield url
+        assert httpx.get(f"{svc.url}/readyz", timeout=10).status_code == 200
+        yield svc.url
     finally:
-        proc.terminate()
-        proc.wait(15)
-        log.close()
+        svc.stop()

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from services.common.auth import Role
 from services.common.http import requires
 from services.query_api.context import ApiContext
-from services.query_api.routes.prometheus import meta, query
+from services.query_api.routes.prometheus import meta, query, remote_read
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -22,4 +22,5 @@ def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter()
     r.include_router(query.router(ctx, read))
     r.include_router(meta.router(ctx, read))
+    r.include_router(remote_read.router(ctx, read))
     return r
