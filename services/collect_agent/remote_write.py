@@ -95,7 +95,9 @@ class Decoded:
             ts[slow] = self.slow_t
         bad = (ts > _MAX_NS_MS) | (ts < -_MAX_NS_MS)
         if bool(bad.any()):  # beyond int64 ns: drop those samples only
-            self.reject("bad_timestamp", "a sample timestamp beyond int64 nanoseconds", int(bad.sum()))
+            self.reject(
+                "bad_timestamp", "a sample timestamp beyond int64 nanoseconds", int(bad.sum())
+            )
             series = np.repeat(np.arange(len(self.sensors)), np.diff(offsets))
             counts = np.bincount(series[~bad], minlength=len(self.sensors))
             offsets = np.zeros(len(self.sensors) + 1, dtype=np.int64)
@@ -123,7 +125,9 @@ def _varints_at(raw: np.ndarray, pos: np.ndarray) -> np.ndarray:
     window = raw[pos[:, None] + np.arange(10)].astype(np.uint64)
     cont = (window & np.uint64(0x80)) != 0
     # bytes up to and including the first one without the continuation bit
-    keep = np.cumprod(np.concatenate([np.ones((pos.shape[0], 1), bool), cont[:, :-1]], axis=1), axis=1)
+    keep = np.cumprod(
+        np.concatenate([np.ones((pos.shape[0], 1), bool), cont[:, :-1]], axis=1), axis=1
+    )
     shifts = np.uint64(7) * np.arange(10, dtype=np.uint64)
     value = ((window & np.uint64(0x7F)) << shifts) * keep.astype(np.uint64)
     return value.sum(axis=1, dtype=np.uint64).view(np.int64)
@@ -174,7 +178,12 @@ class Decoder:
         count = slow = 0
         while pos < end:
             # the common Sample: 12 <len> 09 <8-byte double> 10 <varint ms>
-            if buf[pos] == 0x12 and pos + 12 <= end and buf[pos + 2] == 0x09 and buf[pos + 11] == 0x10:
+            if (
+                buf[pos] == 0x12
+                and pos + 12 <= end
+                and buf[pos + 2] == 0x09
+                and buf[pos + 11] == 0x10
+            ):
                 n = buf[pos + 1]
                 value_at.append(pos + 3)
                 time_at.append(pos + 12)
@@ -200,7 +209,9 @@ class Decoder:
             elif tag == 0x22:  # field 4: native histogram
                 n, pos = _varint(buf, pos)
                 pos += n
-                out.reject("native_histogram", "native histograms are not stored (float samples only)")
+                out.reject(
+                    "native_histogram", "native histograms are not stored (float samples only)"
+                )
             else:
                 pos = _skip(buf, pos, tag & 7)
         if pos != end:
@@ -281,9 +292,13 @@ def decompress(body: bytes, limit: int) -> bytes:
     try:
         declared, _ = _varint(body, 0)
     except DecodeError:
-        raise DecodeError("bad_snappy", "body is not snappy-compressed (no length header)") from None
+        raise DecodeError(
+            "bad_snappy", "body is not snappy-compressed (no length header)"
+        ) from None
     if declared > limit:
-        raise DecodeError("too_large", f"body expands to {declared} bytes, over max_payload_bytes={limit}")
+        raise DecodeError(
+            "too_large", f"body expands to {declared} bytes, over max_payload_bytes={limit}"
+        )
     try:
         return bytes(cramjam.snappy.decompress_raw(body))
     except Exception as exc:  # cramjam raises its own DecompressionError
@@ -317,8 +332,12 @@ def router(agent: CollectAgent) -> APIRouter:
         limit = agent.settings.max_payload_bytes
         body = await _read(request, limit)
         if body is None:
-            ing.reject(None, "too_large", f"remote write from {request.client}: body over {limit} bytes")
-            return JSONResponse({"error": f"body exceeds max_payload_bytes={limit}"}, status_code=413)
+            ing.reject(
+                None, "too_large", f"remote write from {request.client}: body over {limit} bytes"
+            )
+            return JSONResponse(
+                {"error": f"body exceeds max_payload_bytes={limit}"}, status_code=413
+            )
         started = time.perf_counter()
         try:
             decoded = decoder.decode(decompress(body, limit))

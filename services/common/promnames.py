@@ -116,20 +116,25 @@ def escape_value(value: str) -> str:
 def sensor_name(labels: Mapping[str, str], prefix: str) -> str:
     """The sensor a Prometheus series is stored as (the inverse of :func:`series_labels`).
 
-    ``labels`` holds ``__name__``; a ``sensor`` label, when present, is the name.
-    Otherwise ``<prefix>/<metric>/<label>=<value>/...`` (labels sorted by name,
-    empty values left out, values escaped; ``<prefix>/__name__=<metric>`` when there
-    are no others), which :func:`series_labels` maps back to the same labels. The
-    result is not validated (the caller checks the naming rules).
+    ``labels`` holds ``__name__``. A series that is exactly a Kelvin sensor's (its
+    ``sensor`` label and every other label as :func:`series_labels` gives them) is
+    that sensor. Any other is ``<prefix>/<metric>/<label>=<value>/...`` (labels sorted
+    by name, empty values left out, values escaped; ``<prefix>/__name__=<metric>``
+    when there are no others), which :func:`series_labels` maps back to the same
+    labels; a ``sensor`` label there becomes ``exported_sensor`` (as Prometheus
+    renames clashing labels), so a series derived from a sensor (``ALERTS``, a
+    recording rule) never writes into that sensor. The result is not validated (the
+    caller checks the naming rules).
     """
     given = labels.get("sensor")
-    if given:
+    if given and given.startswith("/") and dict(series_labels(given)) == dict(labels):
         return given
     metric = labels.get("__name__", "")
+    renamed = {("exported_sensor" if k == "sensor" else k): v for k, v in labels.items()}
     pairs = [
-        f"{key}={escape_value(labels[key])}"
-        for key in sorted(labels)
-        if key not in RESERVED and labels[key]
+        f"{key}={escape_value(renamed[key])}"
+        for key in sorted(renamed)
+        if key != "__name__" and renamed[key]
     ]
     head = [prefix.rstrip("/"), metric] if pairs else [prefix.rstrip("/"), f"__name__={metric}"]
     return "/".join(head + pairs)

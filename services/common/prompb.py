@@ -150,7 +150,9 @@ def time_series(labels: Sequence[tuple[str, str]], ts_ms: np.ndarray, values: np
     return labels_bytes(labels) + samples(ts_ms, values)
 
 
-def write_request(series: Sequence[tuple[Sequence[tuple[str, str]], np.ndarray, np.ndarray]]) -> bytes:
+def write_request(
+    series: Sequence[tuple[Sequence[tuple[str, str]], np.ndarray, np.ndarray]],
+) -> bytes:
     return b"".join(put_field(1, time_series(lab, ts, vs)) for lab, ts, vs in series)
 
 
@@ -216,7 +218,9 @@ def encode_read_request(queries: Sequence[Query], accepted: Sequence[int] = ()) 
         body = put_int(1, q.start_ms) + put_int(2, q.end_ms)
         for name, op, value in q.matchers:
             kind = {v: k for k, v in MATCH_OPS.items()}[op]
-            body += put_field(3, put_int(1, kind) + put_field(2, name.encode()) + put_field(3, value.encode()))
+            body += put_field(
+                3, put_int(1, kind) + put_field(2, name.encode()) + put_field(3, value.encode())
+            )
         out += put_field(1, body)
     for a in accepted:
         out += put_varint(2 << 3) + put_varint(a)

@@ -66,7 +66,10 @@ def encode(ts_ms: np.ndarray, values: np.ndarray) -> bytes:
     bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
     head = bytearray(n.to_bytes(2, "big"))
     head += put_varint(_zigzag(int(ts_ms[0])))
-    fields_v: list[np.ndarray] = [np.frombuffer(bytes(head), dtype=np.uint8).astype(np.uint64), bits[:1]]
+    fields_v: list[np.ndarray] = [
+        np.frombuffer(bytes(head), dtype=np.uint8).astype(np.uint64),
+        bits[:1],
+    ]
     fields_w: list[np.ndarray] = [np.full(len(head), 8, dtype=np.int64), np.array([64])]
     if n > 1:
         delta0 = put_varint(int(ts_ms[1] - ts_ms[0]))
@@ -82,7 +85,12 @@ def encode(ts_ms: np.ndarray, values: np.ndarray) -> bytes:
         tp_v = dod.astype(np.int64).view(np.uint64)
         tp_w = np.zeros(k, dtype=np.int64)
         for ctrl, width, size in ((0b10, 2, 14), (0b110, 3, 17), (0b1110, 4, 20)):
-            fits = (tc_w == 0) & (dod >= -((1 << (size - 1)) - 1)) & (dod <= 1 << (size - 1)) & (dod != 0)
+            fits = (
+                (tc_w == 0)
+                & (dod >= -((1 << (size - 1)) - 1))
+                & (dod <= 1 << (size - 1))
+                & (dod != 0)
+            )
             tc_v[fits], tc_w[fits], tp_w[fits] = ctrl, width, size
         zero = dod == 0
         tc_w[zero] = 1  # a single 0 bit

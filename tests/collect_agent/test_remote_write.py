@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import cramjam
 import httpx
@@ -18,6 +19,7 @@ import pytest
 
 from services.collect_agent.app import CollectAgent
 from services.common import prompb
+from services.common.promnames import series_labels
 from tests.collect_agent.conftest import AgentFactory
 from tests.support.prometheus import KelvinService
 from tests.support.servers import free_port
@@ -32,18 +34,32 @@ T = 1_700_000_000_000
 
 def body(series: list[tuple[list[tuple[str, str]], list[int], list[float]]]) -> bytes:
     raw = prompb.write_request(
-        [(lab, np.asarray(ts, dtype=np.int64), np.asarray(vs, dtype=np.float64)) for lab, ts, vs in series]
+        [
+            (lab, np.asarray(ts, dtype=np.int64), np.asarray(vs, dtype=np.float64))
+            for lab, ts, vs in series
+        ]
     )
     return bytes(cramjam.snappy.compress_raw(raw))
 
 
 NODE = [("__name__", "node_load1"), ("instance", "h1:9100"), ("job", "node")]
-DISK = [("__name__", "node_filesystem_avail_bytes"), ("instance", "h1:9100"), ("mountpoint", "/boot")]
+DISK = [
+    ("__name__", "node_filesystem_avail_bytes"),
+    ("instance", "h1:9100"),
+    ("mountpoint", "/boot"),
+]
 
 
 async def post(agent: CollectAgent, data: bytes, **headers: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.port}") as c:
         return await c.post("/api/v1/write", content=data, headers={**HEADERS, **headers})
+
+
+async def read(agent: CollectAgent, sensor: str, start: int = 0) -> Any:
+    """The sensor's readings once everything spooled is in storage."""
+    await agent.spool.wait_empty()
+    assert agent.storage is not None
+    return await agent.storage.read(sensor, start, 2**62)
 
 
 def rejected(agent: CollectAgent, reason: str) -> float:
@@ -54,20 +70,25 @@ async def test_samples_are_stored_under_their_labels(agent: CollectAgent) -> Non
     r = await post(agent, body([(NODE, [T, T + 15000], [0.5, 0.75]), (DISK, [T], [1e9])]))
     assert r.status_code == 204, r.text
     assert agent.storage is not None
-    got = await agent.storage.read("/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62)
+    got = await read(agent, "/prometheus/node_load1/instance=h1:9100/job=node", 0)
     assert got.timestamps_ns.tolist() == [T * 10**6, (T + 15000) * 10**6]
     assert got.values.tolist() == [0.5, 0.75]
-    disk = await agent.storage.read(
-        "/prometheus/node_filesystem_avail_bytes/instance=h1:9100/mountpoint=%2Fboot", 0, 2**62
+    disk = await read(
+        agent, "/prometheus/node_filesystem_avail_bytes/instance=h1:9100/mountpoint=%2Fboot", 0
     )
     assert disk.values.tolist() == [1e9]
 
 
-async def test_a_sensor_label_names_the_sensor(agent: CollectAgent) -> None:
-    lab = [("__name__", "node_power"), ("node", "node0"), ("sensor", "/hall/row0/rack0/node0/power")]
-    assert (await post(agent, body([(lab, [T], [250.0])]))).status_code == 204
+async def test_a_kelvin_series_goes_back_to_its_sensor(agent: CollectAgent) -> None:
+    sensor = "/hall/row0/rack0/node0/power"
+    lab = sorted(series_labels(sensor))
+    derived = sorted([*(p for p in lab if p[0] != "__name__"), ("__name__", "ALERTS_FOR_STATE")])
+    r = await post(agent, body([(lab, [T], [250.0]), (derived, [T], [1.7e9])]))
+    assert r.status_code == 204
     assert agent.storage is not None
-    assert (await agent.storage.read("/hall/row0/rack0/node0/power", 0, 2**62)).values.tolist() == [250.0]
+    assert (await read(agent, sensor)).values.tolist() == [250.0]
+    others = [n for n in await agent.storage.sensors("/prometheus") if "ALERTS_FOR_STATE" in n]
+    assert len(others) == 1 and "exported_sensor=" in others[0]
 
 
 async def test_many_samples_per_series_and_odd_samples(agent: CollectAgent) -> None:
@@ -78,10 +99,10 @@ async def test_many_samples_per_series_and_odd_samples(agent: CollectAgent) -> N
     r = await post(agent, body([(NODE, ts, vals), (DISK, [0, 5], [0.0, np.nan])]))
     assert r.status_code == 204
     assert agent.storage is not None
-    got = await agent.storage.read("/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62)
+    got = await read(agent, "/prometheus/node_load1/instance=h1:9100/job=node", 0)
     assert got.values.tolist() == vals and got.timestamps_ns.tolist() == [t * 10**6 for t in ts]
-    disk = await agent.storage.read(
-        "/prometheus/node_filesystem_avail_bytes/instance=h1:9100/mountpoint=%2Fboot", -1, 2**62
+    disk = await read(
+        agent, "/prometheus/node_filesystem_avail_bytes/instance=h1:9100/mountpoint=%2Fboot", -1
     )
     assert disk.timestamps_ns.tolist() == [0, 5 * 10**6] and np.isnan(disk.values[1])
 
@@ -90,7 +111,7 @@ async def test_a_stale_marker_keeps_its_bits(agent: CollectAgent) -> None:
     stale = np.array([0x7FF0000000000002], dtype=np.uint64).view(np.float64)[0]
     assert (await post(agent, body([(NODE, [T, T + 1], [1.0, stale])]))).status_code == 204
     assert agent.storage is not None
-    got = await agent.storage.read("/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62)
+    got = await read(agent, "/prometheus/node_load1/instance=h1:9100/job=node", 0)
     assert got.values.view(np.uint64).tolist()[1] == 0x7FF0000000000002
 
 
@@ -130,7 +151,9 @@ async def test_bad_series_are_named_the_rest_is_stored(agent: CollectAgent) -> N
     assert "not stored" in r.json()["error"]
     assert rejected(agent, "bad_metric_name") == 1 and rejected(agent, "bad_name") == 1
     assert agent.storage is not None
-    assert (await agent.storage.read("/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62)).values.tolist() == [2.0]
+    assert (
+        await read(agent, "/prometheus/node_load1/instance=h1:9100/job=node", 0)
+    ).values.tolist() == [2.0]
 
 
 async def test_writes_need_the_write_role(make_agent: AgentFactory) -> None:
@@ -154,7 +177,11 @@ async def test_a_204_survives_kill_9(tmp_path: Path) -> None:
     ts = list(range(T, T + 500 * 10, 10))
     try:
         async with httpx.AsyncClient(base_url=agent.url, timeout=30) as c:
-            r = await c.post("/api/v1/write", content=body([(NODE, ts, [float(i) for i in range(500)])]), headers=HEADERS)
+            r = await c.post(
+                "/api/v1/write",
+                content=body([(NODE, ts, [float(i) for i in range(500)])]),
+                headers=HEADERS,
+            )
             assert r.status_code == 204, r.text
         assert agent.proc is not None
         os.kill(agent.proc.pid, signal.SIGKILL)
@@ -169,7 +196,9 @@ async def test_a_204_survives_kill_9(tmp_path: Path) -> None:
         storage = await open_storage(StorageSettings(sqlite={"path": str(db)}))
         try:
             for _ in range(300):
-                got = await storage.read("/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62)
+                got = await storage.read(
+                    "/prometheus/node_load1/instance=h1:9100/job=node", 0, 2**62
+                )
                 if len(got) == 500:
                     break
                 await asyncio.sleep(0.05)

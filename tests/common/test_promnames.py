@@ -52,13 +52,15 @@ def test_remote_write_names_map_back_to_their_labels(metric: str, labels: dict[s
     assert got == {"__name__": metric, **labels}
 
 
-def test_a_sensor_label_is_the_name() -> None:
-    assert (
-        sensor_name(
-            {"__name__": "node_power", "sensor": "/hall/row0/rack0/node0/power", "job": "x"}, "/p"
-        )
-        == "/hall/row0/rack0/node0/power"
-    )
+def test_a_kelvin_series_is_its_sensor_a_derived_one_is_not() -> None:
+    sensor = "/hall/row0/rack0/node0/power"
+    assert sensor_name(labels_dict(sensor), "/p") == sensor
+    # ALERTS_FOR_STATE of an alert on node_power carries the sensor label too
+    derived = {**labels_dict(sensor), "__name__": "ALERTS_FOR_STATE", "alertname": "Hot"}
+    name = sensor_name(derived, "/p")
+    assert name.startswith("/p/ALERTS_FOR_STATE/") and "exported_sensor=%2Fhall" in name
+    assert labels_dict(name)["exported_sensor"] == sensor
+    assert sensor_name({**labels_dict(sensor), "job": "x"}, "/p") != sensor
     assert series_labels(sensor_name({"__name__": "up"}, "/p")) == (
         ("__name__", "up"),
         ("sensor", "/p/__name__=up"),

@@ -120,6 +120,10 @@ class KelvinService:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> KelvinService:
+        return self.spawn().wait()
+
+    def spawn(self) -> KelvinService:
+        """Start the process without waiting for it (start several, then wait for each)."""
         import os
         import sys
 
@@ -129,6 +133,9 @@ class KelvinService:
             stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
+        return self
+
+    def wait(self) -> KelvinService:
         wait_port(self.port, timeout=30, proc=self.proc)
         return self
 

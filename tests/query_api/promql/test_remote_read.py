@@ -31,10 +31,14 @@ QUERIES = [
 
 def ask(url: str, queries: list[prompb.Query], accepted: list[int]) -> httpx.Response:
     req = prompb.encode_read_request(queries, accepted)
-    return httpx.post(url, content=bytes(cramjam.snappy.compress_raw(req)), headers=HEADERS, timeout=60)
+    return httpx.post(
+        url, content=bytes(cramjam.snappy.compress_raw(req)), headers=HEADERS, timeout=60
+    )
 
 
-def samples_answer(r: httpx.Response) -> list[dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]]]:
+def samples_answer(
+    r: httpx.Response,
+) -> list[dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]]]:
     assert r.status_code == 200, r.text
     buf = bytes(cramjam.snappy.decompress_raw(r.content))
     out = []
@@ -61,7 +65,9 @@ def samples_answer(r: httpx.Response) -> list[dict[tuple[tuple[str, str], ...], 
     return out
 
 
-def streamed_answer(r: httpx.Response) -> dict[int, dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]]]:
+def streamed_answer(
+    r: httpx.Response,
+) -> dict[int, dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]]]:
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("application/x-streamed-protobuf")
     data = r.content
@@ -89,7 +95,9 @@ def streamed_answer(r: httpx.Response) -> dict[int, dict[tuple[tuple[str, str], 
                     parts = {k: (s, e) for k, _, s, e in prompb.fields(msg, x, y)}
                     s, e = parts[4]
                     t, v = xorchunk.decode(msg[s:e])
-                    lo, hi = (prompb.varint(msg, parts[k][0])[0] if k in parts else 0 for k in (1, 2))
+                    lo, hi = (
+                        prompb.varint(msg, parts[k][0])[0] if k in parts else 0 for k in (1, 2)
+                    )
                     assert (lo, hi) == (t[0], t[-1])
                     ts += t
                     vs += v
@@ -108,7 +116,9 @@ def same(a: tuple[list[int], list[float]], b: tuple[list[int], list[float]]) -> 
 
 def test_the_decoder_reads_prometheus_chunks(prom: str) -> None:
     """Prometheus' own streamed chunks decode to exactly the samples it was fed."""
-    got = streamed_answer(ask(f"{prom}/api/v1/read", [query(0, T0_MS - 60_000, T0_MS + SPAN_MS)], [1]))[0]
+    got = streamed_answer(
+        ask(f"{prom}/api/v1/read", [query(0, T0_MS - 60_000, T0_MS + SPAN_MS)], [1])
+    )[0]
     want = dataset.samples()
     assert len(got) == 8
     for labels, (ts, vs) in got.items():

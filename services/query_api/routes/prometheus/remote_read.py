@@ -106,7 +106,9 @@ def router(ctx: ApiContext, read: object) -> APIRouter:
         except Exception as exc:  # snappy or protobuf: the client sent something else
             return fail(ctx, "bad_data", f"remote read request does not decode: {exc}")
         accepted = req.accepted or [prompb.SAMPLES]
-        kind = next((a for a in accepted if a in (prompb.SAMPLES, prompb.STREAMED_XOR_CHUNKS)), None)
+        kind = next(
+            (a for a in accepted if a in (prompb.SAMPLES, prompb.STREAMED_XOR_CHUNKS)), None
+        )
         if kind is None:
             return fail(
                 ctx, "bad_data",
