@@ -130,7 +130,7 @@ def _varints_at(raw: np.ndarray, pos: np.ndarray) -> np.ndarray:
     )
     shifts = np.uint64(7) * np.arange(10, dtype=np.uint64)
     value = ((window & np.uint64(0x7F)) << shifts) * keep.astype(np.uint64)
-    return value.sum(axis=1, dtype=np.uint64).view(np.int64)
+    return np.asarray(value.sum(axis=1, dtype=np.uint64)).view(np.int64)
 
 
 class Decoder:

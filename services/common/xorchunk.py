@@ -156,14 +156,12 @@ def decode(chunk: bytes) -> tuple[list[int], list[float]]:
         if i == 1:
             delta = r.varint(False)
         else:
-            width = 0
-            for bits, size in ((0, 0), (1, 14), (1, 17), (1, 20)):
+            width = 64  # control bits 0, 10, 110, 1110, 1111
+            for size in (0, 14, 17, 20):
                 if r.read(1) == 0:
                     width = size
                     break
-            else:
-                width = 64
-            if width == 0 and bits == 0:
+            if width == 0:
                 dod = 0
             else:
                 dod = r.read(width)

@@ -45,7 +45,7 @@ def samples_answer(
     for num, _, a, b in prompb.fields(buf):
         assert num == 1
         result: dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]] = {}
-        for n2, _, x, y in prompb.fields(buf, a, b):
+        for _, _, x, y in prompb.fields(buf, a, b):
             labels, ts, vs = [], [], []
             for n3, _, s, e in prompb.fields(buf, x, y):
                 if n3 == 1:

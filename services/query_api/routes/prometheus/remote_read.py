@@ -62,7 +62,7 @@ def _chunks(ts: np.ndarray, vs: np.ndarray) -> list[bytes]:
 
 
 def _frame(message: bytes) -> bytes:
-    crc = google_crc32c.value(message).to_bytes(4, "big")
+    crc = int(google_crc32c.value(message)).to_bytes(4, "big")
     return prompb.put_varint(len(message)) + crc + message
 
 
