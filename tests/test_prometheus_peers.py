@@ -87,9 +87,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         f"collect_agent:\n  host: 127.0.0.1\n  port: {ap}\n  mqtt_enabled: false\n"
         f"  spool_dir: {d / 'spool'}\n" + storage, ap,
     ).spawn()  # fmt: skip
+    (d / "rules.yml").write_text(RULES)
     qapi = KelvinService(
-        d, "query-api", f"query_api:\n  host: 127.0.0.1\n  port: {qp}\n" + storage, qp
-    ).spawn()
+        d, "query-api",
+        f"query_api:\n  host: 127.0.0.1\n  port: {qp}\n  rule_files: [{d / 'rules.yml'}]\n" + storage, qp,
+    ).spawn()  # fmt: skip
     ne_port = free_port()
     ne_log = open(d / "node-exporter.log", "wb")  # noqa: SIM115
     ne = subprocess.Popen(
@@ -98,7 +100,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
          "--collector.loadavg", "--collector.meminfo", "--collector.cpu"],
         stdout=ne_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    (d / "rules.yml").write_text(RULES)
     prom = Prometheus(
         d,
         f"""global:
@@ -191,3 +192,33 @@ def test_prometheus_evaluates_rules_over_kelvin(stack: Stack) -> None:
         lambda: prom_query(stack, "dc:node_power:sum", time.time()), what="no recording"
     )
     assert float(recorded[0]["value"][1]) == 200 + 220 + 240 + 260
+
+
+def shape(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: shape(v) for k, v in sorted(x.items()) if k != "lastError"}
+    if isinstance(x, list):
+        return [shape(x[0])] if x else []
+    return type(x).__name__
+
+
+def test_kelvin_shows_rules_and_alerts_as_prometheus_does(stack: Stack) -> None:
+    """The same rule file in Kelvin and in Prometheus (over Kelvin's data): same API answers."""
+
+    def rules(base: str) -> Any:
+        body = httpx.get(f"{base}/api/v1/rules").json()["data"]["groups"]
+        hot = next(r for r in body[0]["rules"] if r["name"] == "NodeHot")
+        return body if hot["state"] == "firing" else None
+
+    theirs = until(lambda: rules(stack.prometheus), what="Prometheus never fired")
+    ours = until(lambda: rules(f"{stack.query_api}/prometheus"), what="Kelvin never fired")
+    assert shape(ours) == shape(theirs)
+    for o, t in zip(ours[0]["rules"], theirs[0]["rules"], strict=True):
+        assert (o["name"], o["type"], o["query"], o["health"], o.get("state")) == (
+            t["name"], t["type"], t["query"], t["health"], t.get("state"))  # fmt: skip
+    oa = httpx.get(f"{stack.query_api}/prometheus/api/v1/alerts").json()["data"]["alerts"]
+    ta = httpx.get(f"{stack.prometheus}/api/v1/alerts").json()["data"]["alerts"]
+    assert shape(oa) == shape(ta)
+    assert [(a["labels"], a["annotations"], a["value"]) for a in oa] == [
+        (a["labels"], a["annotations"], a["value"]) for a in ta
+    ]

@@ -115,6 +115,7 @@ class QueryApiService(HttpService):
         self, settings: Settings, storage_settings: StorageSettings, profile: str = "run"
     ) -> None:
         self.settings = settings
+        self.profile = profile
         self.wanted_virtual = dict(settings.virtual_sensors)
         if profile == "demo":
             self.wanted_virtual = {**DEMO_VIRTUAL_SENSORS, **self.wanted_virtual}
@@ -136,6 +137,7 @@ class QueryApiService(HttpService):
         self.storage = await open_storage(self.storage_settings)
         self.ctx.attach(self.storage)
         self.metrics.up.set(1)
+        self._start_rules()
         if self.wanted_virtual:
             self.definer = asyncio.create_task(self._define_configured(), name="virtual-definer")
 
@@ -160,7 +162,19 @@ class QueryApiService(HttpService):
             if pending:
                 await asyncio.sleep(self.settings.virtual_retry_s)
 
+    def _start_rules(self) -> None:
+        s = self.settings
+        builtin = s.builtin_rules if s.builtin_rules is not None else self.profile == "demo"
+        if s.rule_files or builtin:
+            from services.query_api.rules.manager import RuleManager
+
+            self.ctx.rules = RuleManager(self.ctx, list(s.rule_files), builtin)
+            self.ctx.rules.start()
+
     async def close(self) -> None:
+        if self.ctx.rules is not None:
+            await self.ctx.rules.stop()
+            self.ctx.rules = None
         if self.definer is not None:
             self.definer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

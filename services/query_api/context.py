@@ -6,6 +6,8 @@ app exists, so routes reach it through :class:`ApiContext` at request time.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.common.errors import RetryableStorageError
 from services.common.metrics import ServiceMetrics
 from services.common.storage.base import StorageBackend
@@ -55,6 +57,8 @@ class ApiContext:
         self._catalog: Catalog | None = None
         self._reader: Reader | None = None
         self.virtual: VirtualSource | None = None
+        self.rules: Any = None
+        """The rule manager (services/query_api/rules), once the service started it."""
         if storage is not None:
             self.attach(storage)
 

@@ -193,12 +193,16 @@ def set_operation(op: str, lhs: Vector, rhs: Vector, m: ast.VectorMatching) -> V
     if op in ("and", "unless"):
         lsigs = [_signature(lab, m) for lab in lhs.labels]
         _, rany = _presence_by_sig(rhs, m)
-        hit = np.array([rany.get(s, none) for s in lsigs]).reshape(len(lhs), steps)
+        hit = np.zeros((len(lhs), steps), dtype=bool)
+        for i, sig in enumerate(lsigs):
+            hit[i] = rany.get(sig, none)
         present = lhs.present & (hit if op == "and" else ~hit)
         return Vector(lhs.labels, lhs.values, present, lhs.times).nonempty()
     _, lany = _presence_by_sig(lhs, m)
     rsigs = [_signature(lab, m) for lab in rhs.labels]
-    blocked = np.array([lany.get(s, none) for s in rsigs]).reshape(len(rhs), steps)
+    blocked = np.zeros((len(rhs), steps), dtype=bool)
+    for i, sig in enumerate(rsigs):
+        blocked[i] = lany.get(sig, none)
     rpresent = rhs.present & ~blocked
     out = Vector(
         lhs.labels + rhs.labels,

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from services.common.auth import Role
 from services.common.http import requires
 from services.query_api.context import ApiContext
-from services.query_api.routes.prometheus import meta, query, remote_read
+from services.query_api.routes.prometheus import meta, query, remote_read, rules
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -23,4 +23,5 @@ def router(ctx: ApiContext) -> APIRouter:
     r.include_router(query.router(ctx, read))
     r.include_router(meta.router(ctx, read))
     r.include_router(remote_read.router(ctx, read))
+    r.include_router(rules.router(ctx, read))
     return r
