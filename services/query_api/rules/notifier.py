@@ -10,6 +10,7 @@ resolved ones carry the time they resolved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from typing import Any
@@ -81,9 +82,7 @@ class Notifier:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         await self._client.aclose()

@@ -60,7 +60,7 @@ def _g4(v: float) -> str:
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
-    return "%.4g" % v
+    return f"{v:.4g}"
 
 
 def humanize(x: Any, base: float = 1000.0, big: str = "kMGTPEZY") -> str:

@@ -47,8 +47,8 @@ async def write_power(api: Api, watts: dict[str, float], span_s: int = 60) -> No
         )
 
 
-async def until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
+async def until(check: Any, within_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + within_s
     while True:
         got = check()
         if asyncio.iscoroutine(got):
