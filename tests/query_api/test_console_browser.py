@@ -320,8 +320,12 @@ def test_alerts_view_lists_the_demo_rules_alerts(
     """``kelvin up --demo`` evaluates the hall rules; the console shows what they raise."""
     pg, problems = page
     pg.goto(f"{demo.console_url}#/alerts")
-    pg.wait_for_function("() => /rules in 2 groups/.test(document.querySelector('#alerts-status')?.textContent || '')")
-    alerts = httpx.get(f"{demo.url('query_api')}/prometheus/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    pg.wait_for_function(
+        "() => /rules in 2 groups/.test(document.querySelector('#alerts-status')?.textContent || '')"
+    )
+    alerts = httpx.get(f"{demo.url('query_api')}/prometheus/api/v1/alerts", timeout=10).json()[
+        "data"
+    ]["alerts"]
     rows = pg.locator("#alerts-table tbody tr")
     if alerts:
         expect(rows.first).to_be_visible()

@@ -11,8 +11,8 @@ Scalars are Go's 'f' format, sample values Prometheus' ``MarshalValue`` ('e' bel
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
+from itertools import chain
 
 import numpy as np
 import orjson
@@ -22,25 +22,37 @@ from services.query_api.promql.printer import go_format_f, prom_value
 from services.query_api.promql.values import Matrix, Scalar, String, Value, Vector
 from services.query_api.routes.prometheus.params import fmt_time, times_seconds
 
-_QUOTE = re.compile(rb",([^\],]+)\]")
-_FLOAT_ZERO = re.compile(rb'\.0"')
+
+def _heads(tlist: list[object]) -> np.ndarray:
+    """Per step ``"],[<t>,"``: what goes before each value (the first gets ``[[`` instead)."""
+    return np.array([b'"],[' + orjson.dumps(t) + b',"' for t in tlist], dtype=object)
 
 
-def _points(ts: list[object], values: np.ndarray) -> bytes:
-    """``[[t,"v"],...]`` for one series."""
+def _points(heads: np.ndarray, values: np.ndarray) -> bytes:
+    """``[[t,"v"],...]`` for one series, ``heads`` from :func:`_heads` for its points."""
     if bool(np.isfinite(values).all()):
-        raw = orjson.dumps(list(zip(ts, values.tolist(), strict=True)))
-        if b"e" not in raw:
-            return _FLOAT_ZERO.sub(b'"', _QUOTE.sub(rb',"\1"]', raw))
-    return orjson.dumps([[t, prom_value(v)] for t, v in zip(ts, values.tolist(), strict=True)])
+        digits = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+        if b"e" not in digits:
+            vals = digits[1:-1].split(b",")
+            body = b"".join(chain.from_iterable(zip(heads.tolist(), vals, strict=True)))
+            return (b"[[" + body[4:] + b'"]]').replace(b'.0"', b'"')
+    ts = [h[4:-2].decode() for h in heads.tolist()]
+    return (
+        b"["
+        + b",".join(
+            b"[" + t.encode() + b',"' + prom_value(v).encode() + b'"]'
+            for t, v in zip(ts, values.tolist(), strict=True)
+        )
+        + b"]"
+    )
 
 
 def _metric(labels: Labels) -> bytes:
     return orjson.dumps(dict(labels))
 
 
-def _series(labels: Labels, ts: list[object], values: np.ndarray) -> bytes:
-    return b'{"metric":' + _metric(labels) + b',"values":' + _points(ts, values) + b"}"
+def _series(labels: Labels, heads: np.ndarray, values: np.ndarray) -> bytes:
+    return b'{"metric":' + _metric(labels) + b',"values":' + _points(heads, values) + b"}"
 
 
 def _sorted_rows(labels: list[Labels]) -> list[int]:
@@ -50,9 +62,9 @@ def _sorted_rows(labels: list[Labels]) -> list[int]:
 def range_result(value: Value, steps: np.ndarray) -> Iterator[bytes]:
     """The ``data`` of a range query: a matrix sorted by labels."""
     yield b'{"resultType":"matrix","result":['
-    tlist = times_seconds(steps)
+    heads = _heads(times_seconds(steps))
     if isinstance(value, Scalar):
-        yield _series((), tlist, value.values)
+        yield _series((), heads, value.values)
     else:
         assert isinstance(value, Vector)
         first = True
@@ -60,12 +72,8 @@ def range_result(value: Value, steps: np.ndarray) -> Iterator[bytes]:
             p = value.present[i]
             if not bool(p.any()):
                 continue
-            ts = (
-                tlist
-                if bool(p.all())
-                else [t for t, keep in zip(tlist, p.tolist(), strict=True) if keep]
-            )
-            yield (b"" if first else b",") + _series(value.labels[i], ts, value.values[i][p])
+            h = heads if bool(p.all()) else heads[p]
+            yield (b"" if first else b",") + _series(value.labels[i], h, value.values[i][p])
             first = False
     yield b"]}"
 
@@ -88,8 +96,8 @@ def instant_result(value: Value, t_ns: int) -> Iterator[bytes]:
             a, b = int(value.lo[i, 0]), int(value.hi[i, 0])
             if b <= a:
                 continue
-            ts = times_seconds(value.ts[a:b])
-            yield (b"" if first else b",") + _series(value.labels[i], ts, value.vs[a:b])
+            heads = _heads(times_seconds(value.ts[a:b]))
+            yield (b"" if first else b",") + _series(value.labels[i], heads, value.vs[a:b])
             first = False
         yield b"]}"
         return
