@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.servers import free_port, require_binary, wait_port
+from tests.support.servers import free_port, require_binary, stop_process, wait_port
 
 CONFIG = """route:
   receiver: nowhere
@@ -53,11 +53,5 @@ class Alertmanager:
         return (self.workdir / "alertmanager.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         self.proc = None

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.support.servers import free_port, require_binary, wait_port
+from tests.support.servers import free_port, require_binary, stop_process, wait_port
 
 Series = tuple[dict[str, str], np.ndarray, np.ndarray]
 """(labels with __name__, timestamps in ns on whole milliseconds, values)."""
@@ -97,13 +97,7 @@ class Prometheus:
         return (self.workdir / "prometheus.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         self.proc = None
 
 
@@ -143,11 +137,5 @@ class KelvinService:
         return (self.workdir / f"{self.service}.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
         self.proc = None

@@ -15,7 +15,8 @@ import numpy as np
 
 from services.common.promnames import Labels
 from services.query_api.promql import ast, windows
-from services.query_api.promql.ast import EvalError
+from services.query_api.promql.ast import EvalError, ValueType
+from services.query_api.promql.functions_table import FUNCTIONS
 from services.query_api.promql.regex import RegexError, compile_anchored
 from services.query_api.promql.values import (
     F1,
@@ -283,12 +284,7 @@ def histogram_quantile(q: F1, v: Vector) -> Vector:
 
 
 # ---------------------------------------------------------------------- dispatch
-MATRIX_FUNCTIONS = frozenset(
-    {"rate", "increase", "delta", "irate", "idelta", "deriv", "predict_linear", "holt_winters",
-     "quantile_over_time", "absent_over_time", "changes", "resets", "count_over_time",
-     "present_over_time", "last_over_time", "max_over_time", "min_over_time", "sum_over_time",
-     "avg_over_time", "stdvar_over_time", "stddev_over_time"}
-)  # fmt: skip
+MATRIX_FUNCTIONS = frozenset(n for n, f in FUNCTIONS.items() if ValueType.MATRIX in f.arg_types)
 
 
 def call_matrix(name: str, m: Matrix, others: list[Value], steps: I1) -> tuple[F2, np.ndarray]:

@@ -67,43 +67,52 @@ def _shortest(v: float) -> tuple[str, int]:
     return stripped.rstrip("0"), -(len(frac) - len(stripped)) - 1
 
 
-def go_float(v: float) -> str:
-    """Go's ``fmt.Sprint(float64)`` (``%g``, shortest digits, exponent from 1e+06 on)."""
+def _special(v: float) -> str | None:
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     if v == 0:
         return "-0" if math.copysign(1, v) < 0 else "0"
+    return None
+
+
+def _exponent(v: float, digs: str, exp: int) -> str:
+    body = digs[0] + ("." + digs[1:] if len(digs) > 1 else "")
+    return f"{'-' if v < 0 else ''}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+
+
+def _positional(v: float, digs: str, exp: int) -> str:
     sign = "-" if v < 0 else ""
-    digs, exp = _shortest(abs(v))
-    if exp < -4 or exp >= 6:
-        body = digs[0] + ("." + digs[1:] if len(digs) > 1 else "")
-        return f"{sign}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
     dp = exp + 1
     if dp <= 0:
         return f"{sign}0.{'0' * -dp}{digs}"
     if dp >= len(digs):
         return f"{sign}{digs}{'0' * (dp - len(digs))}"
     return f"{sign}{digs[:dp]}.{digs[dp:]}"
+
+
+def go_float(v: float) -> str:
+    """Go's ``fmt.Sprint(float64)`` (``%g``, shortest digits, exponent from 1e+06 on)."""
+    special = _special(v)
+    if special is not None:
+        return special
+    digs, exp = _shortest(abs(v))
+    return _exponent(v, digs, exp) if exp < -4 or exp >= 6 else _positional(v, digs, exp)
 
 
 def go_format_f(v: float) -> str:
-    """Go's ``strconv.FormatFloat(v, 'f', -1, 64)``: how Prometheus writes sample values."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "-0" if math.copysign(1, v) < 0 else "0"
-    sign = "-" if v < 0 else ""
-    digs, exp = _shortest(abs(v))
-    dp = exp + 1
-    if dp <= 0:
-        return f"{sign}0.{'0' * -dp}{digs}"
-    if dp >= len(digs):
-        return f"{sign}{digs}{'0' * (dp - len(digs))}"
-    return f"{sign}{digs[:dp]}.{digs[dp:]}"
+    """Go's ``strconv.FormatFloat(v, 'f', -1, 64)``: how Prometheus writes scalars."""
+    special = _special(v)
+    return special if special is not None else _positional(v, *_shortest(abs(v)))
+
+
+def go_format_e(v: float) -> str:
+    """Go's ``strconv.FormatFloat(v, 'e', -1, 64)`` (alert values in the rules API)."""
+    special = _special(v)
+    if v == 0 and special is not None:
+        return "-0e+00" if special == "-0" else "0e+00"
+    return special if special is not None else _exponent(v, *_shortest(abs(v)))
 
 
 def prom_value(v: float) -> str:
@@ -111,9 +120,7 @@ def prom_value(v: float) -> str:
     format, or 'e' below 1e-6 and from 1e21 on."""
     a = abs(v)
     if a != 0 and math.isfinite(a) and (a < 1e-6 or a >= 1e21):
-        digs, exp = _shortest(a)
-        body = digs[0] + ("." + digs[1:] if len(digs) > 1 else "")
-        return f"{'-' if v < 0 else ''}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+        return go_format_e(v)
     return go_format_f(v)
 
 

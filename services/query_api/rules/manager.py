@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from services.common.promnames import Labels, sensor_name
 from services.common.readings import Batch
 from services.query_api.promql import Engine, to_string
 from services.query_api.promql import ast as pq
+from services.query_api.promql.printer import go_format_e
 from services.query_api.promql.source import KelvinSource, Source
 from services.query_api.promql.values import Scalar, Vector
 from services.query_api.rules.notifier import Notifier
@@ -367,7 +367,7 @@ class RuleManager:
     @staticmethod
     def _alert_api(a: Alert) -> dict[str, Any]:
         return {"labels": dict(a.labels), "annotations": a.annotations, "state": a.state,
-                "activeAt": rfc3339(a.active_at), "value": _go_e(a.value)}  # fmt: skip
+                "activeAt": rfc3339(a.active_at), "value": go_format_e(a.value)}  # fmt: skip
 
     def alerts_api(self) -> list[dict[str, Any]]:
         return [
@@ -388,21 +388,6 @@ class _MemoryOnly:
 
     async def names(self, matchers: Any) -> list[Labels]:
         return [s.labels for s in self.memory.select(matchers, -(2**62), 2**62)]
-
-
-def _go_e(v: float) -> str:
-    """Go's ``strconv.FormatFloat(v, 'e', -1, 64)``: shortest digits, exponent at least 2 digits."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    from services.query_api.promql.printer import _shortest
-
-    if v == 0:
-        return "0e+00"
-    digs, exp = _shortest(abs(v))
-    body = digs[0] + ("." + digs[1:] if len(digs) > 1 else "")
-    return f"{'-' if v < 0 else ''}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
 
 
 def _quote(text: str) -> str:

@@ -63,6 +63,17 @@ def _g4(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _small(v: float) -> tuple[float, str]:
+    """Scale ``0 < |v| < 1`` up by thousands: (value, SI prefix) as Prometheus' humanizers do."""
+    prefix = ""
+    for p in "munpfazy":
+        if abs(v) >= 1:
+            break
+        prefix = p
+        v *= 1000
+    return v, prefix
+
+
 def humanize(x: Any, base: float = 1000.0, big: str = "kMGTPEZY") -> str:
     v = _number(x)
     if v == 0 or not math.isfinite(v):
@@ -77,12 +88,7 @@ def humanize(x: Any, base: float = 1000.0, big: str = "kMGTPEZY") -> str:
         return _g4(v) + prefix
     if base == 1024:
         return _g4(v)
-    prefix = ""
-    for p in "munpfazy":
-        if abs(v) >= 1:
-            break
-        prefix = p
-        v *= 1000
+    v, prefix = _small(v)
     return _g4(v) + prefix
 
 
@@ -104,12 +110,7 @@ def humanize_duration(x: Any) -> str:
         if m:
             return f"{sign}{m}m {s}s"
         return f"{sign}{_g4(v)}s"
-    prefix = ""
-    for p in "munpfazy":
-        if abs(v) >= 1:
-            break
-        prefix = p
-        v *= 1000
+    v, prefix = _small(v)
     return f"{_g4(v)}{prefix}s"
 
 
