@@ -16,7 +16,7 @@ import numpy as np
 from services.common.promnames import Labels
 from services.query_api.promql import ast, windows
 from services.query_api.promql.ast import EvalError, ValueType
-from services.query_api.promql.functions_table import FUNCTIONS
+from services.query_api.promql.functions_table import DATE_FUNCTIONS, FUNCTIONS
 from services.query_api.promql.regex import RegexError, compile_anchored
 from services.query_api.promql.values import (
     F1,
@@ -327,16 +327,7 @@ def call_instant(node: ast.Call, args: list[Value], steps: I1) -> Value:
     if name == "vector":
         return _one_row(_scalar_row(args[0]), np.ones(nsteps, dtype=bool))
     v0 = args[0] if args else None
-    if name in (
-        "days_in_month",
-        "day_of_month",
-        "day_of_week",
-        "day_of_year",
-        "hour",
-        "minute",
-        "month",
-        "year",
-    ):
+    if name in DATE_FUNCTIONS:
         return _date(name, args, steps)
     assert isinstance(v0, Vector) or name in ("histogram_quantile", "histogram_fraction")
     if name == "absent":

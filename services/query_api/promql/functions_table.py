@@ -98,6 +98,7 @@ FUNCTIONS: dict[str, Function] = {
     "vector": _f("vector", (S,), V),
 }
 
+DATE_FUNCTIONS = frozenset(_DATES)
 AT_UNSAFE = frozenset({*_DATES, "predict_linear", "time", "timestamp"})
 """Functions whose result depends on the evaluation time itself (Prometheus does not
 fold them into one evaluation under ``@``)."""
