@@ -99,6 +99,3 @@ FUNCTIONS: dict[str, Function] = {
 }
 
 DATE_FUNCTIONS = frozenset(_DATES)
-AT_UNSAFE = frozenset({*_DATES, "predict_linear", "time", "timestamp"})
-"""Functions whose result depends on the evaluation time itself (Prometheus does not
-fold them into one evaluation under ``@``)."""
