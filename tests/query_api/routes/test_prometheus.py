@@ -129,3 +129,32 @@ async def test_nan_readings_are_values(api: Api) -> None:
         "/prometheus/api/v1/query", params={"query": "node_x", "time": str(T0 / S + 1.5)}
     )
     assert r.json()["data"]["result"][0]["value"][1] == "NaN"
+
+
+async def test_a_staleness_marker_ends_a_series(api: Api) -> None:
+    """Prometheus' stale NaN (as remote write brings it) ends the series at once: an
+    instant selector after it finds nothing, though the sample before is in the lookback;
+    range functions skip it."""
+    stale = float(np.array([0x7FF0000000000002], dtype=np.uint64).view(np.float64)[0])
+    await api.write("/n/node0/load", [0, 10, 20], [1.0, 2.0, stale])
+
+    async def ask(q: str, t: float) -> list[dict[str, object]]:
+        r = await api.client.get(
+            "/prometheus/api/v1/query", params={"query": q, "time": str(T0 / S + t)}
+        )
+        return r.json()["data"]["result"]  # type: ignore[no-any-return]
+
+    assert (await ask("node_load", 15))[0]["value"][1] == "2"
+    assert await ask("node_load", 25) == []
+    assert (await ask("count_over_time(node_load[1m])", 25))[0]["value"][1] == "2"
+    assert (await ask("node_load[1m]", 25))[0]["values"] == [[T0 // S, "1"], [T0 // S + 10, "2"]]
+
+
+async def test_storage_down_is_503_unavailable(api: Api) -> None:
+    await api.storage.close()
+    try:
+        r = await api.client.get("/prometheus/api/v1/query", params={"query": "up", "time": "1"})
+        assert r.status_code == 503, r.text
+        assert r.json()["errorType"] == "unavailable"
+    finally:
+        await api.storage.open()

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from services.common.errors import KelvinError, TimeSpecError
+from services.common.errors import KelvinError, RetryableStorageError, TimeSpecError
 from services.query_api import promql
 from services.query_api.context import ApiContext
 from services.query_api.promql import Engine, EvalError, PromQLError
@@ -49,6 +49,8 @@ async def guarded(
         return fail(ctx, "bad_data", f'invalid parameter "query": {exc}')
     except EvalError as exc:
         return fail(ctx, "execution", str(exc), 422)
+    except RetryableStorageError as exc:  # Prometheus' "unavailable": try again later
+        return fail(ctx, "unavailable", str(exc), 503)
     except KelvinError as exc:
         return fail(ctx, "execution", str(exc), 422)
 
