@@ -50,7 +50,11 @@ async def _select(ctx: ApiContext, q: prompb.Query) -> list[RawSeries]:
     if not any(not m.matches("") for m in matchers):
         raise EvalError("a remote read query needs at least one matcher that is not empty")
     source = KelvinSource(ctx.reader, ctx.settings.prometheus_max_series)
-    return await source.select(matchers, q.start_ms * 1_000_000, q.end_ms * 1_000_000 + 999_999)
+    found = await source.select(matchers, q.start_ms * 1_000_000, q.end_ms * 1_000_000 + 999_999)
+    total = sum(s.ts.shape[0] for s in found)
+    if total > ctx.settings.prometheus_max_samples:  # Prometheus' remote_read_sample_limit
+        raise EvalError(f"exceeded sample limit ({ctx.settings.prometheus_max_samples}): {total} samples")
+    return found
 
 
 def _chunks(ts: np.ndarray, vs: np.ndarray) -> list[bytes]:
