@@ -147,9 +147,13 @@ class Server:
         self.log.close()
 
 
+BENCH_TOKENS = {"read_token": "bench-read-token-00000000", "write_token": "bench-write-token-0000000",
+                "admin_token": "bench-admin-token-0000000"}  # fmt: skip
+
+
 def kelvin(service: str, workdir: Path, config: str, port: int, ready: str) -> Server:
     cfg = workdir / f"{service}.yaml"
-    cfg.write_text(config)
+    cfg.write_text(config + "auth:\n" + "".join(f"  {k}: {v}\n" for k, v in BENCH_TOKENS.items()))
     return Server([sys.executable, "-m", "services.cli", "run", service, "--config", str(cfg)],
                   f"http://127.0.0.1:{port}{ready}", workdir, {"KELVIN_LOGGING_LEVEL": "WARNING"})  # fmt: skip
 
@@ -228,7 +232,8 @@ def write_bodies(
 
 async def _send(url: str, per_conn: list[list[bytes]]) -> None:
     headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
-               "X-Prometheus-Remote-Write-Version": "0.1.0"}  # fmt: skip
+               "X-Prometheus-Remote-Write-Version": "0.1.0",
+               "Authorization": f"Bearer {BENCH_TOKENS['write_token']}"}  # fmt: skip
     async with httpx.AsyncClient(
         timeout=60, limits=httpx.Limits(max_connections=len(per_conn))
     ) as c:

@@ -10,11 +10,18 @@ have mosquitto_pub || need+=(mosquitto-clients)
 have influxd || need+=(influxdb)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have collectd || need+=(collectd-core)  # bench_pusher: the peer a site would run instead
 have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+# `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
+if [ "${1:-}" = image ]; then
+  have podman || need+=(podman)
+  have runc || need+=(runc)
+  have debootstrap || need+=(debootstrap)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

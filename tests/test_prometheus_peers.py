@@ -21,9 +21,11 @@ import httpx
 import numpy as np
 import pytest
 
+from services.common.auth import Role
 from services.common.readings import Batch
 from services.common.storage import open_storage
 from services.common.storage.settings import StorageSettings
+from tests.support.auth import TOKENS, write_config_yaml
 from tests.support.prometheus import KelvinService, Prometheus
 from tests.support.servers import free_port, require_binary, wait_port
 
@@ -80,7 +82,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     db = d / "kelvin.sqlite"
     now_ns = time.time_ns() // 10**9 * 10**9
     asyncio.run(_fill(db, now_ns))
-    storage = f"storage:\n  sqlite:\n    path: {db}\n"
+    storage = f"storage:\n  sqlite:\n    path: {db}\n" + write_config_yaml()
     ap, qp = free_port(), free_port()
     agent = KelvinService(
         d, "collect-agent",
@@ -110,6 +112,7 @@ scrape_configs:
     static_configs: [{{targets: ['127.0.0.1:{ne_port}']}}]
 remote_write:
   - url: http://127.0.0.1:{ap}/api/v1/write
+    authorization: {{credentials: {TOKENS[Role.WRITE]}}}
     queue_config: {{batch_send_deadline: 200ms, min_backoff: 50ms, max_backoff: 500ms}}
 remote_read:
   - url: http://127.0.0.1:{qp}/prometheus/api/v1/read

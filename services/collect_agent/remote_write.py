@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 
 from services.collect_agent.spool import SpoolError
 from services.common import names, prompb
-from services.common.auth import Credentials, Role
+from services.common.auth import Role
 from services.common.errors import SensorNameError
 from services.common.http import requires
 from services.common.promnames import sensor_name
@@ -364,14 +364,6 @@ def router(agent: CollectAgent) -> APIRouter:
         return Response(status_code=204)
 
     return r
-
-
-def bridge_credentials(token: str | None) -> Credentials:
-    """The agent's roles from its own ``api_token`` until the shared ``auth`` section
-    provides them: reads open; ingest and changes need the token when one is set."""
-    if not token:
-        return Credentials(open_roles=frozenset(Role))
-    return Credentials.from_roles({Role.ADMIN: [token]}, [Role.READ])
 
 
 def _unavailable(message: str) -> Response:

@@ -19,8 +19,10 @@ import pytest
 
 from services.collect_agent.app import CollectAgent
 from services.common import prompb
+from services.common.auth import Role
 from services.common.promnames import series_labels
 from tests.collect_agent.conftest import AgentFactory
+from tests.support.auth import headers, write_config_yaml
 from tests.support.prometheus import KelvinService
 from tests.support.servers import free_port
 
@@ -50,9 +52,12 @@ DISK = [
 ]
 
 
-async def post(agent: CollectAgent, data: bytes, **headers: str) -> httpx.Response:
+async def post(agent: CollectAgent, data: bytes, **extra: str) -> httpx.Response:
+    """POST a remote-write body with the write token (``Authorization=...`` overrides it)."""
+    sent = {**HEADERS, **headers(Role.WRITE), **extra}
+    sent = {k: v for k, v in sent.items() if v}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.port}") as c:
-        return await c.post("/api/v1/write", content=data, headers={**HEADERS, **headers})
+        return await c.post("/api/v1/write", content=data, headers=sent)
 
 
 async def read(agent: CollectAgent, sensor: str, start: int = 0) -> Any:
@@ -156,12 +161,13 @@ async def test_bad_series_are_named_the_rest_is_stored(agent: CollectAgent) -> N
     ).values.tolist() == [2.0]
 
 
-async def test_writes_need_the_write_role(make_agent: AgentFactory) -> None:
-    agent = await make_agent(api_token="s3cret")
+async def test_writes_need_the_write_role(agent: CollectAgent) -> None:
     data = body([(NODE, [T], [1.0])])
-    assert (await post(agent, data)).status_code == 401
+    assert (await post(agent, data, Authorization="")).status_code == 401
     assert (await post(agent, data, Authorization="Bearer wrong")).status_code == 401
-    assert (await post(agent, data, Authorization="Bearer s3cret")).status_code == 204
+    assert (await post(agent, data, **headers(Role.READ))).status_code == 403  # Grafana's token
+    assert (await post(agent, data, **headers(Role.WRITE))).status_code == 204
+    assert (await post(agent, data, **headers(Role.ADMIN))).status_code == 204
 
 
 async def test_a_204_survives_kill_9(tmp_path: Path) -> None:
@@ -172,7 +178,7 @@ async def test_a_204_survives_kill_9(tmp_path: Path) -> None:
     config = (
         f"collect_agent:\n  host: 127.0.0.1\n  port: {port}\n  mqtt_enabled: false\n"
         f"  spool_dir: {tmp_path / 'spool'}\nstorage:\n  sqlite:\n    path: {db}\n"
-    )
+    ) + write_config_yaml()
     agent = KelvinService(tmp_path, "collect-agent", config, port).start()
     ts = list(range(T, T + 500 * 10, 10))
     try:
@@ -180,7 +186,7 @@ async def test_a_204_survives_kill_9(tmp_path: Path) -> None:
             r = await c.post(
                 "/api/v1/write",
                 content=body([(NODE, ts, [float(i) for i in range(500)])]),
-                headers=HEADERS,
+                headers={**HEADERS, **headers(Role.WRITE)},
             )
             assert r.status_code == 204, r.text
         assert agent.proc is not None

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -29,7 +28,7 @@ from services.common.sensors import SensorMetadata
 from services.pusher.metrics import PusherMetrics
 from services.query_api.app import create_service
 from services.query_api.context import ApiMetrics
-from tests.query_api.conftest import Api, make_config
+from tests.query_api.conftest import Api, admin_client, make_config
 
 DASHBOARDS = sorted(
     (Path(__file__).resolve().parents[2] / "charts/kelvin/dashboards").glob("*.json")
@@ -81,7 +80,7 @@ async def hall(tmp_path: Path) -> AsyncIterator[Api]:
         }
         sensors |= allocator_sensors()
         await write_all(st, sensors, ts)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+        async with admin_client(svc.port, timeout=30) as c:
             assert svc.definer is not None  # the demo profile defines /hall/pue ...
             await asyncio.wait_for(svc.definer, 30)  # ... once its inputs exist
             assert (await c.get("/api/v1/virtual/hall/pue")).status_code == 200
@@ -122,7 +121,7 @@ async def other_site(tmp_path: Path) -> AsyncIterator[Api]:
         sensors |= allocator_sensors()
         assert svc.storage is not None
         await write_all(svc.storage, sensors, ts)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+        async with admin_client(svc.port, timeout=30) as c:
             yield Api(svc, c)
     finally:
         await svc.stop()

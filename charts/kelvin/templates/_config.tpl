@@ -69,6 +69,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $c := .Values.collectAgent -}}
 {{- $m := .Values.mqtt -}}
 {{- $out := dict "host" "0.0.0.0" "port" $c.service.httpPort "spool_dir" "/var/lib/kelvin/spool" "spool_max_bytes" (int64 $c.spool.maxBytes) "fsync" $c.spool.fsync -}}
+{{- $out = merge $out (include "kelvin.collectAgentSpoolConfig" . | fromYaml) -}}
 {{- if eq $m.mode "external" -}}
 {{- if not $m.external.host -}}
 {{- fail "mqtt.mode=external needs mqtt.external.host (the broker the pushers publish to)" -}}
@@ -90,7 +91,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 
 {{- define "kelvin.queryApiConfig" -}}
 {{- $q := .Values.queryApi -}}
-{{- $out := dict "host" "0.0.0.0" "port" $q.service.port "protect_reads" $q.protectReads -}}
+{{- $out := dict "host" "0.0.0.0" "port" $q.service.port -}}
 {{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
 {{- $_ := set $out "collect_agent_url" (include "kelvin.serviceURL" (dict "root" . "component" "collect-agent" "port" .Values.collectAgent.service.httpPort)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $q.config) -}}
@@ -133,6 +134,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $v := .Values -}}
 {{- $cfg := dict -}}
 {{- $_ := set $cfg "logging" (dict "level" $v.logging.level "json_format" $v.logging.jsonFormat "access_log" $v.logging.accessLog) -}}
+{{- $_ := set $cfg "auth" (include "kelvin.authConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "storage" (include "kelvin.storageConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "collect_agent" (include "kelvin.collectAgentConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "query_api" (include "kelvin.queryApiConfig" . | fromYaml) -}}

@@ -18,6 +18,7 @@ from services.common.readings import Batch, Series
 from services.common.storage import open_storage
 from services.common.storage.settings import StorageSettings
 from tests.query_api.promql import dataset
+from tests.support.auth import write_config_yaml
 from tests.support.prometheus import KelvinService, Prometheus, openmetrics
 from tests.support.servers import free_port
 
@@ -49,6 +50,7 @@ def kelvin_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     asyncio.run(_fill(db))
     port = free_port()
     config = f"query_api:\n  host: 127.0.0.1\n  port: {port}\nstorage:\n  sqlite:\n    path: {db}\n"
+    config += write_config_yaml()
     svc = KelvinService(d, "query-api", config, port).start()
     try:
         assert httpx.get(f"{svc.url}/readyz", timeout=10).status_code == 200

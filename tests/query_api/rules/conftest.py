@@ -6,12 +6,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from services.query_api.app import create_service
 from tests.collect_agent.conftest import make_agent  # noqa: F401 (a fixture, re-exported)
-from tests.query_api.conftest import Api, make_config
+from tests.query_api.conftest import Api, admin_client, make_config
 from tests.support.alertmanager import Alertmanager
 
 
@@ -37,7 +36,7 @@ async def rules_api(tmp_path: Path) -> AsyncIterator[RulesApi]:
         f.write_text(rules)
         svc = create_service(make_config(tmp_path, rule_files=[str(f)], **settings))
         await svc.start()
-        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30)
+        client = admin_client(svc.port, timeout=30)
         started.append((svc, client))
         return Api(svc, client)
 

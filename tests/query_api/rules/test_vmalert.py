@@ -16,10 +16,12 @@ from typing import Any
 import httpx
 import numpy as np
 
+from services.common.auth import Role
 from services.common.readings import Batch
 from tests.collect_agent.conftest import AgentFactory
 from tests.query_api.conftest import Api
 from tests.support.alertmanager import Alertmanager
+from tests.support.auth import TOKENS
 from tests.support.servers import free_port, require_binary, wait_port
 
 RULES = """
@@ -52,7 +54,7 @@ async def test_vmalert_evaluates_rules_against_kelvin(
     log = open(tmp_path / "vmalert.log", "wb")  # noqa: SIM115, ASYNC230
     proc = subprocess.Popen(  # noqa: ASYNC220 (started once; the test then only polls)
         [binary, f"-rule={tmp_path / 'vm.yml'}", f"-datasource.url={api.url}/prometheus",
-         f"-notifier.url={alertmanager.url}", f"-remoteWrite.url=http://127.0.0.1:{agent.port}",
+         f"-notifier.url={alertmanager.url}", f"-remoteWrite.url=http://127.0.0.1:{agent.port}", f"-remoteWrite.bearerToken={TOKENS[Role.WRITE]}",
          "-evaluationInterval=1s", f"-httpListenAddr=127.0.0.1:{port}", "-remoteWrite.flushInterval=200ms"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -53,7 +53,9 @@ async def _select(ctx: ApiContext, q: prompb.Query) -> list[RawSeries]:
     found = await source.select(matchers, q.start_ms * 1_000_000, q.end_ms * 1_000_000 + 999_999)
     total = sum(s.ts.shape[0] for s in found)
     if total > ctx.settings.prometheus_max_samples:  # Prometheus' remote_read_sample_limit
-        raise EvalError(f"exceeded sample limit ({ctx.settings.prometheus_max_samples}): {total} samples")
+        raise EvalError(
+            f"exceeded sample limit ({ctx.settings.prometheus_max_samples}): {total} samples"
+        )
     return found
 
 
