@@ -121,7 +121,9 @@ async def test_recorded_series_are_queryable_by_name(rules_api: RulesApi) -> Non
 
     async def recorded() -> Any:
         r = await api.client.get("/prometheus/api/v1/query", params={"query": "row:node_power:sum"})
-        return r.json()["data"]["result"]
+        result = r.json()["data"]["result"]
+        # both nodes written (an evaluation may fall between the two writes)
+        return result if result and result[0]["value"][1] == "500" else None
 
     got = await until(recorded)
     assert got[0]["metric"]["row"] == "row0" and got[0]["metric"]["source"] == "kelvin"
