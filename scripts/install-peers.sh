@@ -16,6 +16,9 @@ have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+have clickhouse-server || need+=(clickhouse-server)
+have clickhouse-client || need+=(clickhouse-client)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 # `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
 if [ "${1:-}" = image ]; then
   have podman || need+=(podman)
