@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from services.collect_agent import http_ingest, line_protocol
+from services.collect_agent import http_ingest, line_protocol, remote_write
 from services.common import names
 from services.common.auth import Role
 from services.common.errors import NotFoundError, SensorNameError, TimeSpecError
@@ -131,6 +131,8 @@ def create_router(agent: CollectAgent) -> APIRouter:
             raise NotFoundError(f"no connected MQTT client {client_id!r}")
         conn.close("kicked")
         return Response(status_code=204)
+
+    router.include_router(remote_write.router(agent))
 
     @router.get("/api/v1/stats", tags=["stats"], dependencies=[needs_read])
     async def stats() -> dict[str, Any]:
