@@ -19,7 +19,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
 fi
 stamp="$venv/.installed${extras:+-$extras}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# (the compiled core is rebuilt when its C sources change: services/common/native.py)
+stale=$(find pyproject.toml setup.py services/common/csrc -newer "$stamp" 2>/dev/null | head -1 || true)
+if [ ! -f "$stamp" ] || [ -n "$stale" ]; then
   spec="."
   [ -n "$extras" ] && spec=".[$extras]"
   "$venv/bin/python" -m pip install -q -e "$spec"

@@ -1,4 +1,7 @@
-"""The vectorised parser against the reference: the same readings, errors and counts, always.
+"""The fast paths against the reference: the same readings, errors and counts, always.
+
+Both fast paths are held to it: the compiled one (services/common/csrc/lineproto.c)
+and the numpy one (its fallback), each test once per ``core``.
 
 The reference (:mod:`services.collect_agent.line_protocol.scan`) is checked
 against a real influxd in test_line_protocol_influxd.py; here every body of a
@@ -20,13 +23,24 @@ from hypothesis import strategies as st
 from services.collect_agent.line_protocol import LineProtocol, ParseResult, numbers
 from services.collect_agent.line_protocol.table import SpanTable
 from tests.collect_agent import lp_corpus
+from tests.support.native import CORES, core_param
 
 NOW = 1_764_500_000_123_456_789
 PRECISIONS = ["ns", "u", "ms", "s", "m", "h"]
 
 
-def same(body: str | bytes, precision: str = "ns", lp: LineProtocol | None = None) -> ParseResult:
-    lp = lp or LineProtocol({"mapped": "/dc/x"}, "/influx")
+@pytest.fixture(params=CORES)
+def core(request: pytest.FixtureRequest) -> str:
+    return core_param(request.param)
+
+
+def make(core: str, measurements: dict[str, str] | None = None) -> LineProtocol:
+    lp = LineProtocol(measurements, "/influx", core=core)  # type: ignore[arg-type]
+    assert lp.core == core
+    return lp
+
+
+def same(body: str | bytes, precision: str, lp: LineProtocol) -> ParseResult:
     fast = lp.parse(body, precision, NOW)
     ref = lp.parse_reference(body, precision, NOW)
     assert list(fast.batch.sensors) == list(ref.batch.sensors), body
@@ -38,18 +52,18 @@ def same(body: str | bytes, precision: str = "ns", lp: LineProtocol | None = Non
 
 
 @pytest.mark.parametrize("seed", range(25))
-def test_random_bodies(seed: int) -> None:
+def test_random_bodies(seed: int, core: str) -> None:
     r = random.Random(seed)
-    lp = LineProtocol({"mapped": "/dc/x"}, "/influx")  # tables kept across bodies, as in the agent
+    lp = make(core, {"mapped": "/dc/x"})  # tables kept across bodies, as in the agent
     for _ in range(6):
         same(lp_corpus.body(r, r.randint(1, 60), r.choice(PRECISIONS)), r.choice(PRECISIONS), lp)
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_uniform_bodies(seed: int) -> None:
+def test_uniform_bodies(seed: int, core: str) -> None:
     """One shape per body: the template path, which takes most of these lines itself."""
     r = random.Random(1000 + seed)
-    lp = LineProtocol()
+    lp = make(core)
     fast = lines = 0
     for _ in range(4):
         precision = r.choice(PRECISIONS)
@@ -59,16 +73,20 @@ def test_uniform_bodies(seed: int) -> None:
     assert fast > lines // 2
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     body=st.text(alphabet=' ,=\\"\n\t#abcxyz0123456789².-+/iutfTFeé\x00\r', max_size=200),
     precision=st.sampled_from(PRECISIONS),
 )
-def test_fuzzed_bytes(body: str, precision: str) -> None:
-    same(body, precision)
+def test_fuzzed_bytes(body: str, precision: str, core: str) -> None:
+    same(body, precision, make(core, {"mapped": "/dc/x"}))
 
 
-def test_hand_picked_edges() -> None:
+def test_hand_picked_edges(core: str) -> None:
     for body in [
         "m v=1",  # no newline at the end
         "m v=1\n\n\nm v=2\n",
@@ -87,12 +105,12 @@ def test_hand_picked_edges() -> None:
         "m," + "k=" + "v" * 300 + " v=1",  # a key past the fast path's lookup width
     ]:
         for precision in ("ns", "s"):
-            same(body, precision)
+            same(body, precision, make(core, {"mapped": "/dc/x"}))
 
 
-def test_quoted_strings_the_fast_path_takes_and_those_it_leaves() -> None:
+def test_quoted_strings_the_fast_path_takes_and_those_it_leaves(core: str) -> None:
     plain = 'm,host=a s="x, y=z w",v=1,t="" 5\nm,host=b v=2,s="q" 6\n'
-    lp = LineProtocol()
+    lp = make(core)
     got = same(plain, "ns", lp)
     assert got.string_fields == 3 and got.batch.values.tolist() == [1.0, 2.0]
     assert lp.fast.parse(plain.encode(), 1, NOW).lines == 2, "both taken by the fast path"
@@ -114,20 +132,20 @@ def test_a_hash_collision_costs_speed_not_correctness(monkeypatch: pytest.Monkey
     monkeypatch.setattr(
         SpanTable, "_hash", lambda self, rows, lens: np.full(lens.shape[0], 7, np.uint64)
     )
-    lp = LineProtocol()
+    lp = make("numpy")
     body = "".join(f"m,host=n{i} v={i}.5 {i}\n" for i in range(50))
     got = same(body, "ns", lp)
     assert got.batch.sensors[:3] == ["/influx/m/n0/v", "/influx/m/n1/v", "/influx/m/n2/v"]
     same(body, "ns", lp)
 
 
-def test_the_tables_start_again_past_their_bound() -> None:
-    lp = LineProtocol()
+def test_the_tables_start_again_past_their_bound(core: str) -> None:
+    lp = make(core)
     lp.fast.max_sensors = 10
     for k in range(5):
         got = same("".join(f"m,host=n{k}{i} v={i} {i}\n" for i in range(8)), "ns", lp)
         assert len(got.batch) == 8
-    assert len(lp.fast._firsts) <= 10 + 8
+        assert len(lp.fast) <= 10 + 2 * 8  # (a series and a field per line at most)
 
 
 def test_numbers_convert_as_python_does() -> None:

@@ -21,26 +21,35 @@ differences, each because Kelvin stores something else:
 - an unknown ``precision`` is a 400 (InfluxDB 1.x reads it as ns), and a body
   that is not UTF-8 is refused whole (by the route).
 
-:meth:`LineProtocol.parse` runs the vectorised parser (:mod:`.fast`) and
-hands the lines it does not take to the reference; :meth:`LineProtocol.parse_reference`
+:meth:`LineProtocol.parse` runs the fast path — compiled (:mod:`.compiled`,
+services/common/csrc/lineproto.c) when it was built, else vectorised in numpy
+(:mod:`.fast`), the same answers either way — and hands the lines it does not
+take to the reference; :meth:`LineProtocol.parse_reference`
 runs the reference alone (the tests hold the two to the same answers).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from services.collect_agent.line_protocol import scan
+from services.collect_agent.line_protocol.compiled import CompiledParser
 from services.collect_agent.line_protocol.fast import FastParser
 from services.collect_agent.line_protocol.naming import Naming
 from services.collect_agent.line_protocol.scan import LineProtocolError
+from services.common import native
 from services.common.errors import SensorNameError
 from services.common.readings import Batch
 
 __all__ = ["PRECISION_NS", "LineProtocol", "LineProtocolError", "Naming", "ParseResult"]
+
+log = logging.getLogger(__name__)
+_announced = False
 
 PRECISION_NS = {
     "n": 1, "ns": 1, "u": 1_000, "us": 1_000, "µ": 1_000, "ms": 1_000_000,
@@ -102,11 +111,38 @@ def _text(raw: bytes) -> str:
 
 
 class LineProtocol:
-    """Parses ``/write`` bodies under one agent's naming rules (see the module docstring)."""
+    """Parses ``/write`` bodies under one agent's naming rules (see the module docstring).
 
-    def __init__(self, measurements: dict[str, str] | None = None, prefix: str = "/influx"):
+    ``core``: ``auto`` takes the compiled fast path when it was built (services/common/
+    native.py) and the numpy one otherwise; ``compiled`` and ``numpy`` insist (tests).
+    """
+
+    def __init__(
+        self,
+        measurements: dict[str, str] | None = None,
+        prefix: str = "/influx",
+        core: Literal["auto", "compiled", "numpy"] = "auto",
+    ):
         self.naming = Naming(measurements, prefix)
-        self.fast = FastParser(self.naming)
+        compiled = native.module() if core != "numpy" else None
+        if core == "compiled" and compiled is None:
+            raise RuntimeError(f"the compiled line-protocol parser is {native.describe()}")
+        self.fast: FastParser | CompiledParser = (
+            CompiledParser(self.naming, compiled)
+            if compiled is not None
+            else FastParser(self.naming)
+        )
+        self.core = "compiled" if compiled is not None else "numpy"
+        global _announced
+        if core == "auto" and not _announced:
+            _announced = True
+            if compiled is not None:
+                log.info("line protocol: the compiled parser (C)")
+            else:
+                log.warning(
+                    "line protocol: the numpy parser, ~8x slower: the compiled core is %s",
+                    native.describe(),
+                )
 
     def parse(self, body: bytes | str, precision: str, received_ns: int) -> ParseResult:
         data = body.encode() if isinstance(body, str) else bytes(body)

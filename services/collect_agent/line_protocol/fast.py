@@ -92,6 +92,10 @@ class FastParser:
         self._fields = SpanTable()
         self.clear()
 
+    def __len__(self) -> int:
+        """Series and fields remembered (bounded by ``max_sensors``)."""
+        return len(self._firsts) + len(self._fields)
+
     def clear(self) -> None:
         for t in (self._keys, self._firsts, self._fields):
             t.clear()
@@ -281,22 +285,13 @@ class FastParser:
             for i, row in zip(fresh.tolist(), miss[at].tolist(), strict=True):
                 if i >= have:
                     s = int(lay.key_start[lines[row]])
-                    heads[i - have] = self._head(body[s : s + int(span[row])])
+                    heads[i - have] = series_head(self.naming, body[s : s + int(span[row])])
             self._heads.extend(heads)
             self._head_ok = np.concatenate((self._head_ok, [h is not None for h in heads]))
         kid[~fits] = -1
         known = kid >= 0
         known[known] = self._head_ok[kid[known]]
         return np.where(known, kid, -1)
-
-    def _head(self, key: bytes) -> str | None:
-        """The name head of a plain series key; None for one the reference must refuse."""
-        measurement, *tags = key.split(b",")
-        pairs = [t.split(b"=", 1) for t in tags]
-        tag_keys = [k for k, _ in pairs]
-        if len(set(tag_keys)) != len(tag_keys) or b"time" in tag_keys:
-            return None
-        return self.naming.head(_text(measurement), [_text(v) for _, v in pairs])
 
     def _name(
         self, names: _Names, ids: I64, kid: I64, body: bytes, lay: Layout, fields: I64
@@ -312,19 +307,39 @@ class FastParser:
             k = int(kid[row])
             names.key[i] = k
             s = int(lay.fk_start[fields[row]])
-            field = body[s : s + int(lay.fk_len[fields[row]])]
             head = self._heads[k]
-            if field == b"time" or head is None:
-                continue  # InfluxDB skips a field named time: the reference does that
-            try:
-                names.names[i] = self.naming.sensor(head, _text(field))
+            if head is None:
+                continue
+            name = field_name(self.naming, head, body[s : s + int(lay.fk_len[fields[row]])])
+            if name is not None:
+                names.names[i] = name
                 names.ok[i] = True
-            except SensorNameError:
-                pass
 
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
+
+
+def series_head(naming: Naming, key: bytes) -> str | None:
+    """The name head of a plain series key (no backslash: nothing to unescape); None for
+    one the reference must refuse (a tag key twice, a tag named ``time``)."""
+    measurement, *tags = key.split(b",")
+    pairs = [t.split(b"=", 1) for t in tags]
+    tag_keys = [k for k, _ in pairs]
+    if len(set(tag_keys)) != len(tag_keys) or b"time" in tag_keys:
+        return None
+    return naming.head(_text(measurement), [_text(v) for _, v in pairs])
+
+
+def field_name(naming: Naming, head: str, field: bytes) -> str | None:
+    """The sensor of a plain field under ``head``; None where the reference decides (a
+    field named ``time``, which InfluxDB skips; a name too deep or too long for Kelvin)."""
+    if field == b"time":
+        return None
+    try:
+        return naming.sensor(head, _text(field))
+    except SensorNameError:
+        return None
 
 
 def _values(buf: U8, start: I64, length: I64) -> tuple[F64, Mask, Mask | None]:
