@@ -25,7 +25,7 @@ from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
 from services.collect_agent.orphans import OrphanClaimer
-from services.collect_agent.routes import create_router
+from services.collect_agent.routes import install as install_routes
 from services.collect_agent.settings import Settings
 from services.collect_agent.spool import DamageReport, Spool
 from services.collect_agent.subscriber import Subscriber
@@ -84,7 +84,7 @@ class CollectAgent(HttpService):
         install_auth(app, self.auth, self.metrics.service)
         install_error_handlers(app)
         app.include_router(health_router(self.metrics.service, self._ready))
-        app.include_router(create_router(self))
+        install_routes(app, self)
         access = config.load(LoggingSettings).access_log
         super().__init__(
             "collect-agent",

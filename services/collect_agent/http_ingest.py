@@ -1,4 +1,4 @@
-"""One HTTP ingest path for every body format: line protocol today, remote write beside it.
+"""One HTTP ingest path for every body format: line protocol and Prometheus remote write.
 
 :func:`ingest` does what every HTTP way in must do, in one place: refuse while
 the agent drains before it exits (503), wait out back-pressure (503 with
@@ -9,23 +9,34 @@ once the readings are durable in the spool (503 when the spool refuses them),
 or 400 naming the first rejected item after keeping the good ones (a partial
 write). A format supplies only ``decode(body) -> Decoded``; it raises
 :class:`BodyError` for a body it refuses whole.
+
+These routes carry most of an agent's HTTP traffic (a request per 1,000 lines),
+so :class:`FastIngest` answers them before FastAPI's routing and dependency
+machinery, which cost about as much as parsing the body: behind the browser
+guard (Host/Origin, :func:`services.common.http.install_auth`), it runs the very
+role check the route declares (``requires(Role.WRITE)``) and then the endpoint.
+The FastAPI routes stay declared (the API description, the route walk of the
+auth tests, which reaches them through this path) and answer the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fastapi import HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.middleware import Middleware
 
 from services.collect_agent.spool import SpoolError
 from services.common.readings import Batch
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
     from services.collect_agent.ingest import Ingestor
 
 ADMIT_TIMEOUT_S = 10.0
@@ -41,6 +52,11 @@ class Decoded:
     errors: list[tuple[int, str, str]] = field(default_factory=list)
     """(item number, reason, message) of each rejected item; ``what`` names the item."""
     what: str = "line"
+    counts: dict[str, int] = field(default_factory=dict)
+    """Items rejected per reason where one entry of ``errors`` stands for many (remote
+    write lists one per reason and counts samples)."""
+    summary: str | None = None
+    """The 400 answer's text for a partial write (default: the first error)."""
 
 
 class BodyError(ValueError):
@@ -83,7 +99,6 @@ async def ingest(
     transport: str,
 ) -> Response:
     """Admit, read, decode, count rejects, wait until durable (see the module docstring)."""
-    where = f"HTTP {request.url.path} from {request.client}"
     if ing.draining:  # refused before the body is read (receive_batch would refuse it too)
         return JSONResponse(
             {"error": "the collect agent is shutting down; send to another agent"},
@@ -102,28 +117,87 @@ async def ingest(
     try:
         body = await read_body(request, limit)
     except HTTPException as exc:
-        ing.reject(
-            None, "too_large" if exc.status_code == 413 else "bad_gzip", f"{where}: {exc.detail}"
-        )
+        reason = "too_large" if exc.status_code == 413 else "bad_gzip"
+        ing.reject(None, reason, f"{_where(request)}: {exc.detail}")
         raise
     try:
         got = decode(body)
     except BodyError as exc:
-        ing.reject(None, exc.reason, f"{where}: {exc}")
+        ing.reject(None, exc.reason, f"{_where(request)}: {exc}")
         return JSONResponse({"error": str(exc)}, status_code=400)
     for no, reason, msg in got.errors:
-        ing.reject(None, reason, f"{where} {got.what} {no}: {msg}")
+        ing.reject(
+            None, reason, f"{_where(request)} {got.what} {no}: {msg}", got.counts.get(reason, 1)
+        )
     try:
         await ing.receive_batch(got.batch, got.received, transport)
     except SpoolError as exc:
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "5"})
     if got.errors:
         no, _, msg = got.errors[0]
-        return JSONResponse(
-            {
-                "error": f"partial write: {got.what} {no}: {msg} "
-                f"({len(got.errors)} {got.what}(s) rejected)"
-            },
-            status_code=400,
+        text = got.summary or (
+            f"partial write: {got.what} {no}: {msg} ({len(got.errors)} {got.what}(s) rejected)"
         )
+        return JSONResponse({"error": text}, status_code=400)
     return Response(status_code=204)
+
+
+def _where(request: Request) -> str:
+    return f"HTTP {request.url.path} from {request.client}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A POST route :class:`FastIngest` answers: the route's own role check, its endpoint."""
+
+    check: Callable[[Request], Awaitable[None]]
+    """The dependency the FastAPI route declares (``requires(role).dependency``)."""
+    endpoint: Callable[[Request], Awaitable[Response]]
+
+
+class FastIngest:
+    """ASGI middleware: POSTs to the ingest routes skip FastAPI's routing (module docstring).
+
+    Errors are answered by the app's own exception handlers, as FastAPI would answer
+    them (``{"detail": ...}`` for an HTTPException, Kelvin's for its errors)."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, Route]) -> None:
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (
+            self.routes.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            await route.check(request)
+            response = await route.endpoint(request)
+        except Exception as exc:
+            handler = _handler(request.app, exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+
+def _handler(
+    app: Any, exc: Exception
+) -> Callable[[Request, Exception], Awaitable[Response]] | None:
+    handlers = getattr(app, "exception_handlers", {})
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]  # type: ignore[no-any-return]
+    return None
+
+
+def install(app: FastAPI, routes: dict[str, Route]) -> None:
+    """Answer ``routes`` through :class:`FastIngest`, inside the middleware added so far
+    (so behind the browser guard of ``install_auth``)."""
+    if app.middleware_stack is not None:
+        raise RuntimeError("FastIngest must be installed before the app starts")
+    app.user_middleware.append(Middleware(FastIngest, routes=routes))

@@ -254,10 +254,10 @@ class Ingestor:
         self._topics[topic] = entry
         return entry
 
-    def reject(self, g: _Group | None, reason: str, message: str) -> None:
-        """Count (per reason) and log (rate-limited) one bad message."""
+    def reject(self, g: _Group | None, reason: str, message: str, count: int = 1) -> None:
+        """Count (per reason) and log (rate-limited) one bad message (or ``count`` alike)."""
         group = g or self._group
-        group.rejects[reason] = group.rejects.get(reason, 0) + 1
+        group.rejects[reason] = group.rejects.get(reason, 0) + count
         self._bad.warning(reason, "rejected (%s): %s", reason, message)
         if g is None:
             self._flush_rejects(group)

@@ -8,7 +8,8 @@ ingest path as MQTT and ``/write``: the answer (204) is sent once the spool has
 them durable; a full spool or a draining agent answers 503 (Prometheus retries),
 a body that does not decode 400 (Prometheus drops it), and series that cannot be
 stored (bad names, native histograms) are counted by reason and named in a 400
-after the rest was stored.
+after the rest was stored: :func:`services.collect_agent.http_ingest.ingest`, the
+path ``/write`` takes, does all of that; this module only decodes.
 
 The protobuf decoder is hand-written for the three messages remote write uses
 (about 60 lines; the ``protobuf`` package would cost a generated module and a
@@ -19,30 +20,26 @@ by numpy.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import struct
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cramjam
 import numpy as np
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
-from services.collect_agent.spool import SpoolError
+from services.collect_agent import http_ingest
 from services.common import names, prompb
-from services.common.auth import Role
 from services.common.errors import SensorNameError
-from services.common.http import requires
 from services.common.promnames import sensor_name
 from services.common.readings import Batch
 
 if TYPE_CHECKING:
     from services.collect_agent.app import CollectAgent
 
-ADMIT_TIMEOUT_S = 10.0
 _MAX_NS_MS = (2**63 - 1) // 1_000_000
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -305,80 +302,52 @@ def decompress(body: bytes, limit: int) -> bytes:
         raise DecodeError("bad_snappy", f"body does not snappy-decompress: {exc}") from None
 
 
-def router(agent: CollectAgent) -> APIRouter:
-    r = APIRouter()
+PATH = "/api/v1/write"
+
+
+def endpoint(agent: CollectAgent) -> Callable[[Request], Awaitable[Response]]:
+    """The remote-write endpoint: the shared HTTP ingest path with this format's decoder."""
     decoder = Decoder(agent.settings.remote_write_prefix)
+    limit = agent.settings.max_payload_bytes
     decode_seconds = agent.metrics.service.histogram(
         "remote_write_decode_seconds",
         "Time to decompress and decode one remote-write request",
         buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
     )
 
-    @r.post(
-        "/api/v1/write",
-        tags=["prometheus"],
-        status_code=204,
-        dependencies=[requires(Role.WRITE)],
-        summary="Prometheus remote write 1.0 (snappy protobuf); 204 once durable",
-    )
-    async def remote_write(request: Request) -> Response:
-        ing = agent.ingestor
-        if getattr(ing, "draining", False):
-            return _unavailable("the agent is shutting down; retry against another replica")
-        try:
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
-        except TimeoutError:
-            return _unavailable("spool full (storage behind); retry later")
-        limit = agent.settings.max_payload_bytes
-        body = await _read(request, limit)
-        if body is None:
-            ing.reject(
-                None, "too_large", f"remote write from {request.client}: body over {limit} bytes"
-            )
-            return JSONResponse(
-                {"error": f"body exceeds max_payload_bytes={limit}"}, status_code=413
-            )
+    def decode(body: bytes) -> http_ingest.Decoded:
         started = time.perf_counter()
         try:
             decoded = decoder.decode(decompress(body, limit))
         except DecodeError as exc:
-            ing.reject(None, exc.reason, f"remote write from {request.client}: {exc}")
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            raise http_ingest.BodyError(str(exc), exc.reason) from None
+        batch = decoded.batch()  # (counts samples beyond int64 ns among the rejects)
         decode_seconds.observe(time.perf_counter() - started)
-        for reason, n in decoded.rejected.items():
-            ing.reject(None, reason, f"remote write: {decoded.first_error}")  # logs, counts one
-            if n > 1:
-                ing.metrics.rejected.labels(reason).inc(n - 1)
-                ing.rejected[reason] = ing.rejected.get(reason, 0) + n - 1
-        batch = decoded.batch()
-        try:
-            await ing.receive_batch(batch, len(decoded.sensors), "remote_write")
-        except SpoolError as exc:
-            return _unavailable(str(exc))
+        got = http_ingest.Decoded(batch, len(decoded.sensors), what="series")
         if decoded.rejected:
+            got.errors = [(0, reason, decoded.first_error) for reason in decoded.rejected]
+            got.counts = decoded.rejected
             total = sum(decoded.rejected.values())
-            return JSONResponse(
-                {"error": f"{total} sample(s) or series not stored: {decoded.first_error}"},
-                status_code=400,
-            )
-        return Response(status_code=204)
+            got.summary = f"{total} sample(s) or series not stored: {decoded.first_error}"
+        return got
+
+    async def remote_write(request: Request) -> Response:
+        return await http_ingest.ingest(agent.ingestor, request, limit, decode, "remote_write")
+
+    return remote_write
+
+
+def router(remote: Callable[[Request], Awaitable[Response]], needs_write: Any) -> APIRouter:
+    r = APIRouter()
+
+    @r.post(
+        PATH,
+        tags=["prometheus"],
+        status_code=204,
+        dependencies=[needs_write],
+        summary="Prometheus remote write 1.0 (snappy protobuf); 204 once durable",
+    )
+    async def remote_write(request: Request) -> Response:
+        return await remote(request)
 
     return r
-
-
-def _unavailable(message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=503, headers={"Retry-After": "5"})
-
-
-async def _read(request: Request, limit: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.collect_agent import http_ingest, line_protocol, remote_write
@@ -27,7 +27,19 @@ if TYPE_CHECKING:
 INFLUX_VERSION = "1.8.10-kelvin"
 
 
+def install(app: FastAPI, agent: CollectAgent) -> None:
+    """The agent's routes on ``app``; the ingest routes also through the fast path
+    (:class:`~services.collect_agent.http_ingest.FastIngest`), with the role they declare."""
+    router, fast = _routes(agent)
+    app.include_router(router)
+    http_ingest.install(app, fast)
+
+
 def create_router(agent: CollectAgent) -> APIRouter:
+    return _routes(agent)[0]
+
+
+def _routes(agent: CollectAgent) -> tuple[APIRouter, dict[str, http_ingest.Route]]:
     router = APIRouter()
     s = agent.settings
     lines = line_protocol.LineProtocol(s.influx_measurements, s.influx_prefix)
@@ -44,7 +56,9 @@ def create_router(agent: CollectAgent) -> APIRouter:
             return JSONResponse({"version": INFLUX_VERSION}, headers=headers)
         return Response(status_code=204, headers=headers)
 
-    async def write(request: Request, precision: str) -> Response:
+    async def write(request: Request) -> Response:
+        precision = request.query_params.get("precision", "ns")
+
         def decode(body: bytes) -> http_ingest.Decoded:
             if not body.isascii():
                 try:
@@ -64,12 +78,22 @@ def create_router(agent: CollectAgent) -> APIRouter:
     @router.post("/write", tags=["influx"], status_code=204, dependencies=[needs_write])
     async def write_v1(request: Request, precision: str = "ns") -> Response:
         """InfluxDB 1.x write: line protocol body, ``precision`` n|u|ms|s|m|h; 204 once durable."""
-        return await write(request, precision)
+        return await write(request)
 
     @router.post("/api/v2/write", tags=["influx"], status_code=204, dependencies=[needs_write])
     async def write_v2(request: Request, precision: str = "ns") -> Response:
         """InfluxDB 2.x write (Telegraf ``outputs.influxdb_v2``); bucket and org are ignored."""
-        return await write(request, precision)
+        return await write(request)
+
+    remote = remote_write.endpoint(agent)
+    fast = {
+        path: http_ingest.Route(needs_write.dependency, handler)
+        for path, handler in (
+            ("/write", write),
+            ("/api/v2/write", write),
+            (remote_write.PATH, remote),
+        )
+    }
 
     # ------------------------------------------------------------------ REST
     @router.get("/api/v1/sensors", tags=["cache"], dependencies=[needs_read])
@@ -132,11 +156,11 @@ def create_router(agent: CollectAgent) -> APIRouter:
         conn.close("kicked")
         return Response(status_code=204)
 
-    router.include_router(remote_write.router(agent))
+    router.include_router(remote_write.router(remote, needs_write))
 
     @router.get("/api/v1/stats", tags=["stats"], dependencies=[needs_read])
     async def stats() -> dict[str, Any]:
         """Ingest statistics: rates, spool depth, storage state, rejects by reason."""
         return agent.stats()
 
-    return router
+    return router, fast

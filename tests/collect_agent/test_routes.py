@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+from pathlib import Path
 
 import aiomqtt
 import httpx
 import numpy as np
+import pytest
 
 from benchmarks import loadgen_http as lg
+from services.collect_agent import http_ingest
 from services.collect_agent.app import CollectAgent
 from services.common import codec
 from services.common.auth import Role
@@ -192,3 +195,47 @@ async def test_the_benchmark_client_writes_bodies_and_every_reading_is_stored(
     for s, name in enumerate(names):
         assert np.array_equal(got[name].timestamps_ns, ts[sensor == s]), name
         assert np.array_equal(got[name].values, vs[sensor == s]), name
+
+
+async def test_the_fast_ingest_path_answers_as_the_declared_routes(
+    make_agent: AgentFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """POSTs to the ingest routes skip FastAPI's routing (http_ingest.FastIngest): the same
+    requests to an agent without that path get the same statuses, bodies and headers."""
+    fast = await make_agent(max_payload_bytes=4096)
+    monkeypatch.setattr(http_ingest, "install", lambda app, routes: None)
+    plain = await make_agent(max_payload_bytes=4096, spool_dir=str(tmp_path / "spool2"))
+    assert any(m.cls is http_ingest.FastIngest for m in fast.http.app.user_middleware)
+    assert not any(m.cls is http_ingest.FastIngest for m in plain.http.app.user_middleware)
+    write = headers(Role.WRITE)
+    cases: list[tuple[str, str, dict[str, str], bytes]] = [
+        ("POST", "/write", {}, b"m v=1"),  # no credential
+        ("POST", "/write?p=wrong", {}, b"m v=1"),
+        ("POST", "/api/v2/write", headers(Role.READ), b"m v=1"),  # too low a role
+        ("POST", "/write", {"Authorization": "Token nope"}, b"m v=1"),
+        ("POST", "/write", {**write, "Host": "evil.example"}, b"m v=1"),  # the browser guard
+        ("POST", "/write", {**write, "Origin": "http://evil.example"}, b"m v=1"),
+        ("POST", "/write", write, b"m v=1\nm v=oops\nn w=2 5"),  # a partial write
+        ("POST", "/write?precision=x", write, b"m v=1"),
+        ("POST", "/write", write, "m,h=\udcff v=1".encode("utf-8", "surrogateescape")),
+        ("POST", "/write", write, b"m v=1 " + b"9" * 5000),  # over max_payload_bytes
+        ("POST", "/write", {**write, "Content-Encoding": "gzip"}, b"not gzip"),
+        ("POST", "/write?precision=s", write, b"m v=1 1764500000"),
+        ("POST", "/api/v1/write", write, b"not snappy"),
+        ("GET", "/write", write, b""),  # no fast path for other methods
+        ("POST", "/write/", write, b"m v=1"),
+    ]
+    answers = []
+    for agent in (fast, plain):
+        got = []
+        async with http(agent, None) as c:
+            for method, url, hdrs, body in cases:
+                r = await c.request(method, url, headers=hdrs, content=body)
+                keep = ("www-authenticate", "retry-after", "content-type")
+                got.append((r.status_code, r.content, {k: r.headers.get(k) for k in keep}))
+        answers.append(got)
+    for case, a, b in zip(cases, *answers, strict=True):
+        assert a == b, case
+    assert [a[0] for a in answers[0]] == [401, 401, 403, 401, 403, 403, 400, 400, 400, 413, 400,
+                                          204, 400, 405, 307]  # fmt: skip
+    assert fast.ingestor.rejected == plain.ingestor.rejected
