@@ -7,6 +7,8 @@ import pytest
 
 from services.common.cache import SensorCache
 from services.common.readings import Batch
+from services.common.rings import Rings
+from tests.support.native import require_native
 
 S = 1_000_000_000
 
@@ -118,3 +120,33 @@ def test_a_forgotten_sensor_frees_its_ring_for_the_next() -> None:
     assert cache.sensors() == ["/b", "/c"] and len(cache) == 2
     assert cache.readings("/c")[1].tolist() == [3.0]
     assert cache.readings("/b")[1].tolist() == [2.0, 4.0]
+
+
+def test_compiled_ring_writes_leave_the_rings_the_numpy_code_leaves() -> None:
+    """services/common/csrc/rings.c beside the numpy code of rings.py: random batches
+    (repeated sensors, rings overfilled and grown, sensors forgotten and new ones taking
+    their place) leave the same slots, positions and counts, array for array."""
+    require_native()
+    rng = np.random.default_rng(11)
+    compiled, numpy_ = Rings(40, compiled=True), Rings(40, compiled=False)
+    assert compiled._core is not None and numpy_._core is None
+    t = 0
+    for step in range(60):
+        size = int(rng.choice([1, 3, 17, 60, 200]))
+        names = [f"/s{i}" for i in rng.integers(0, 30 + step, size)]
+        stamps = np.arange(t, t + size, dtype=np.int64)
+        t += size
+        values = rng.normal(size=size)
+        for rings in (compiled, numpy_):
+            rings.put(names, None, stamps, values)
+            if step % 7 == 3:
+                rings.forget(names[0])
+    assert compiled.ids == numpy_.ids
+    for attr in ("_cls", "_row", "_pos", "_n"):
+        assert np.array_equal(getattr(compiled, attr), getattr(numpy_, attr)), attr
+    for a, b in zip(compiled._classes, numpy_._classes, strict=True):
+        assert np.array_equal(a.ts[:, : a.used], b.ts[:, : b.used])
+        assert np.array_equal(a.vs[:, : a.used].view(np.int64), b.vs[:, : b.used].view(np.int64))
+    for name in compiled.ids:
+        got, want = compiled.ordered(name), numpy_.ordered(name)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), name

@@ -12,5 +12,6 @@
 
 extern PyTypeObject LineTablesType;
 int lineproto_init(PyObject *module);
+int rings_init(PyObject *module);
 
 #endif
