@@ -195,8 +195,9 @@ class Held:
             await loop.run_in_executor(None, f.writelines, held)
         await loop.run_in_executor(None, f.write, piece)
 
-    async def drain(self, chunk: int = 4 << 20) -> AsyncIterator[bytes | memoryview]:
-        """Everything added, in order; memory is let go as it is sent."""
+    async def drain(self, chunk: int = 1 << 20) -> AsyncIterator[bytes | memoryview]:
+        """Everything added, in order; memory is let go as it is sent (a spilled answer
+        holds a chunk read back and its copy in the socket's buffer at its end)."""
         if self.file is None:
             for i, piece in enumerate(self.pieces):
                 yield piece

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from services.common.readings import Series
-from services.query_api import csvfast, limits
+from services.query_api import csvfast, encode, limits
 from services.query_api.limits import Held
 from services.query_api.query import Reader, Result, apply
 from services.query_api.spec import Spec
@@ -117,9 +117,7 @@ async def json_body(
 
 def _json_numbers(part: Result) -> tuple[memoryview, memoryview]:
     """A slice's timestamps and values as JSON numbers without brackets (views, no copy)."""
-    ts = orjson.dumps(part.timestamps_ns, option=_NUMPY)
-    vs = orjson.dumps(part.values, option=_NUMPY)
-    return memoryview(ts)[1:-1], memoryview(vs)[1:-1]
+    return encode.numbers(part.timestamps_ns), encode.numbers(part.values)
 
 
 CSV_POINTS = 32_768

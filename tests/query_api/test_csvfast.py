@@ -1,15 +1,20 @@
-"""The numpy CSV formatter against Python's own formatting, line by line."""
+"""The CSV and JSON writers against Python's own formatting, and compiled against numpy."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
+import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from services.common.times import format_iso_many
-from services.query_api import csvfast, csvtimes
+from services.query_api import csvfast, csvtimes, encode
+from tests.support.native import require_native
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 SECOND = 10**9
@@ -85,3 +90,55 @@ def test_infinities_and_long_values_with_short_heads_take_the_python_path() -> N
     tiny = np.array([-2.2250738585072014e-308, 1.0])  # longer than "/a,1," is wide
     assert csvfast.lines("/a", ts, tiny, iso=False) == b"/a,1,-2.2250738585072014e-308\n/a,2,1.0\n"
     assert csvfast.lines("/a", ts[:0], tiny[:0]) == b""
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> tuple[object, object]:
+    """``fn()`` by the compiled encoder and by the numpy/orjson code."""
+    compiled = require_native()
+    monkeypatch.setattr(csvfast, "compiled", compiled)
+    a = fn()
+    monkeypatch.setattr(csvfast, "compiled", None)
+    return a, fn()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ts=hnp.arrays(np.int64, st.integers(1, 200), elements=I64),
+    bits=hnp.arrays(np.uint64, 200, elements=st.integers(0, 2**64 - 1)),
+    name=st.sampled_from(["/a", "/hall/row0/rack0/node0/power", '/x,"y"']),
+    iso=st.booleans(),
+)
+def test_the_compiled_writer_writes_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch, ts: np.ndarray, bits: np.ndarray, name: str, iso: bool
+) -> None:
+    """csrc/encode.c beside the numpy code: any time, any value bits (±inf and long values
+    behind short heads take the Python path in both), JSON numbers as orjson writes them."""
+    vs = bits[: ts.shape[0]].view(np.float64).copy()
+    for t in (ts, np.sort(ts), np.abs(ts[ts > -(2**63)]) // 10**9):  # also short raw times
+        v = vs[: t.shape[0]]
+        a, b = _both(monkeypatch, lambda t=t, v=v: csvfast.lines(name, t, v, iso))
+        assert a == b
+    for arr in (vs, ts):
+        a, b = _both(monkeypatch, lambda arr=arr: bytes(encode.numbers(arr)))
+        assert a == b == orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+
+
+def test_the_compiled_writer_on_the_edges_of_doubles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every power of two and its neighbours, every power of ten and its neighbours,
+    subnormals, the largest double, short decimals: the digits and layout of orjson."""
+    vals = []
+    for e in range(-1074, 1024):
+        p = math.ldexp(1.0, e)
+        vals += [p, math.nextafter(p, 0), math.nextafter(p, math.inf)]
+    for e in range(-323, 309):
+        p = float(f"1e{e}")
+        vals += [p, math.nextafter(p, 0), math.nextafter(p, math.inf), 5 * p]
+    vals += [i / 1000 for i in range(-5000, 5000)] + [0.0, -0.0, math.nan, math.inf, -math.inf]
+    arr = np.array([v for v in vals if not math.isinf(v)] + [-v for v in vals if v == v])
+    a, b = _both(monkeypatch, lambda: bytes(encode.numbers(arr)))
+    assert a == b
+    ts = 1_764_547_200 * SECOND + np.arange(arr.shape[0], dtype=np.int64) * 997_000_003
+    a, b = _both(monkeypatch, lambda: csvfast.lines("/e", ts, arr, True))
+    assert a == b

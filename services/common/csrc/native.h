@@ -13,5 +13,6 @@
 extern PyTypeObject LineTablesType;
 int lineproto_init(PyObject *module);
 int rings_init(PyObject *module);
+int encode_init(PyObject *module);
 
 #endif
