@@ -21,6 +21,9 @@ import numpy.typing as npt
 from services.allocator.model import Float64Array, HallModel, IntArray
 from services.common.errors import ConfigError
 
+PEAK_TOLERANCE_C = 1e-4
+"""Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
+
 
 @dataclass(frozen=True)
 class PolicyOptions:

@@ -1,7 +1,9 @@
 """Joint: MC1x1 shells opened at the nodes MPIT would pick; the coolest of them wins.
 
 The nodes of the MPIT choice become candidate shell centres; each opens an
-MC1x1 allocation (same shells and outermost-shell fill as :mod:`.mc1x1`).
+MC1x1 allocation (same shells and outermost-shell fill as :mod:`.mc1x1`,
+except that equally compact fills of a shell go to the one with the lowest
+peak inlet, the paper's tie rule, instead of the lowest node indices).
 Among these the one with the lowest resulting peak inlet wins (peaks within
 0.1 mK are equal), then the lower CC, then the lower centre index. A big job
 has many MPIT nodes; only the ``joint_max_centres`` (16) with the best MC1x1
@@ -14,9 +16,16 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.model import IntArray
-from services.allocator.policies.base import Policy, Request, View, distinct, register
-from services.allocator.policies.mc1x1 import Fills, allocation_at
-from services.allocator.policies.mpit import PEAK_TOLERANCE_C, Mpit, peak_after
+from services.allocator.policies.base import (
+    PEAK_TOLERANCE_C,
+    Policy,
+    Request,
+    View,
+    distinct,
+    register,
+)
+from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at
+from services.allocator.policies.mpit import Mpit, peak_after
 
 
 @register
@@ -34,11 +43,14 @@ class Joint(Policy):
             score = np.partition(model.shells[np.ix_(centres, free)], n - 1, axis=1)[:, :n].sum(1)
             centres = np.sort(centres[np.lexsort((centres, score))[:limit]])
         rise = view.rise_per_node(request.power_w)
+        heat = ShellHeat(view, rise)  # equally compact fills: the coolest (the paper's tie rule)
         ranked = []
         fills: Fills = {}
         keys: dict[bytes, tuple[int, float]] = {}  # centres often share an allocation
         for c in centres.tolist():
-            nodes = allocation_at(model, free, int(c), n, self.options.mc_exact_fill_limit, fills)
+            nodes = allocation_at(
+                model, free, int(c), n, self.options.mc_exact_fill_limit, fills, heat
+            )
             key = keys.get(nodes.tobytes())
             if key is None:
                 peak = peak_after(view, rise, nodes)

@@ -43,12 +43,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from services.allocator.model import Float64Array, IntArray
-from services.allocator.policies.base import Policy, Request, View, distinct, register
+from services.allocator.policies.base import (
+    PEAK_TOLERANCE_C,
+    Policy,
+    Request,
+    View,
+    distinct,
+    register,
+)
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Problem, Reduced, layered_search, reduce
 
-PEAK_TOLERANCE_C = 1e-4
-"""Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
 SEARCH_MAX_STATES = 2_000
 """The layered search hands over to the MILP when a layer holds more states (tens on real halls)."""
 SWAP_OUT_LIMIT = 32
