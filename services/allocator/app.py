@@ -7,11 +7,14 @@ import contextlib
 
 from fastapi import FastAPI
 
+from services.allocator import api_cluster
 from services.allocator.api import install_validation_counter, router
 from services.allocator.demo import run_job_stream
 from services.allocator.metrics import AllocatorMetrics
 from services.allocator.runtime import AllocatorCore
 from services.allocator.settings import Settings
+from services.common.auth import Credentials, Role
+from services.common.errors import ConfigError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.settings import Config
 
@@ -24,9 +27,19 @@ def create_app(core: AllocatorCore) -> FastAPI:
     )
     install_error_handlers(app)
     install_validation_counter(app, core)
+    app.state.credentials = lambda: _credentials(core.settings.api_token)
     app.include_router(health_router(core.metrics))
     app.include_router(router(core))
+    app.include_router(api_cluster.router(core))
     return app
+
+
+def _credentials(api_token: str | None) -> Credentials:
+    """The roles of the routes declared with ``requires``: ``api_token`` is the admin credential
+    (reads open); without one every role is open, as the other routes are (development)."""
+    if not api_token:
+        return Credentials(open_roles=frozenset(Role))
+    return Credentials.from_roles({Role.ADMIN: [api_token]}, open_roles=[Role.READ])
 
 
 class AllocatorService(HttpService):
@@ -73,4 +86,11 @@ def create_service(config: Config) -> AllocatorService:
     core = AllocatorCore(settings, metrics)
     enabled = settings.job_stream.enabled
     job_stream = config.profile == "demo" if enabled is None else enabled
+    if settings.cluster == "external":
+        if enabled:
+            raise ConfigError(
+                "allocator.job_stream.enabled: the demo's job stream needs allocator.cluster: "
+                "internal (with external, jobs come from the workload manager)"
+            )
+        job_stream = False
     return AllocatorService(settings, core, job_stream)

@@ -6,6 +6,10 @@ set ends by itself at ``started + runtime`` (stretched by Lf when
 ``stretch``); without one it runs until deleted. The queue head blocks
 everyone behind it (no backfilling). A head stalled by the reliability
 constraint while nothing runs can never start and is rejected.
+
+With ``external`` set, a workload manager owns the jobs: nothing is
+submitted or timed here, and :mod:`services.allocator.cluster` places,
+starts and ends jobs as the manager reports them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from services.allocator.communication import runtime_stretch
 from services.allocator.engine import Allocator, Decision
 from services.allocator.model import HallModel
 from services.allocator.state import HallState
-from services.common.errors import NotFoundError
+from services.common.errors import KelvinError, NotFoundError
 
 NS = 1_000_000_000
 MAX_RUNTIME_S = 1e9
@@ -38,7 +42,8 @@ class Job:
     stretch: bool = False
     name: str | None = None
     state: str = "queued"
-    """queued, running, finished, cancelled or rejected."""
+    """queued, placed (nodes chosen, waiting for the workload manager to start it), running,
+    finished, cancelled or rejected."""
     waiting_reason: str | None = None
     started_ns: int | None = None
     ends_ns: int | None = None
@@ -46,6 +51,9 @@ class Job:
     nodes: list[int] = field(default_factory=list)
     node_power_w: float | None = None
     decision: dict[str, Any] | None = None
+    placed_by: str | None = None
+    """The policy that chose the nodes; ``slurm`` for a job its workload manager placed."""
+    user: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +63,12 @@ class Job:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
+class ExternalJobsError(KelvinError):
+    """A job was submitted to an allocator whose jobs come from a workload manager."""
+
+    http_status = 409
+
+
 Listener = Callable[[str, Job], None]
 """Called with ("started" | "finished" | "cancelled" | "rejected", job)."""
 
@@ -62,7 +76,10 @@ Listener = Callable[[str, Job], None]
 class JobBook:
     """Jobs, queue and hall occupancy of the online allocator."""
 
-    def __init__(self, model: HallModel, allocator: Allocator, history: int = 200) -> None:
+    def __init__(
+        self, model: HallModel, allocator: Allocator, history: int = 200, external: bool = False
+    ) -> None:
+        self.external = external
         self.state = HallState(model)
         self.allocator = allocator
         self.jobs: dict[str, Job] = {}
@@ -79,6 +96,10 @@ class JobBook:
 
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state == "running"]
+
+    def placed(self) -> list[Job]:
+        """Jobs whose nodes are chosen and held for them until their manager starts them."""
+        return [j for j in self.jobs.values() if j.state == "placed"]
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.queue]
@@ -101,6 +122,11 @@ class JobBook:
         name: str | None = None,
     ) -> Job:
         """Queue a job and start what can start; ValueError if it can never fit the hall."""
+        if self.external:
+            raise ExternalJobsError(
+                "the allocator follows a workload manager (allocator.cluster: external): "
+                "submit jobs there (e.g. sbatch), not to the allocator"
+            )
         present = int(self.model.present.sum())
         if not 1 <= size <= present:
             raise ValueError(
@@ -120,8 +146,8 @@ class JobBook:
         return self.allocator.decide(self.state, size, comm_share)
 
     def start_queued(self, now_ns: int) -> list[Job]:
-        started = []
-        while self.queue:
+        started: list[Job] = []
+        while self.queue and not self.external:
             job = self.jobs[self.queue[0]]
             d = self.allocator.decide(self.state, job.size, job.comm_share)
             self.decisions.append(d)
@@ -179,6 +205,13 @@ class JobBook:
     def set_model(self, model: HallModel) -> None:
         self.state.rebind(model)
 
+    def close(self, job: Job, how: str, now_ns: int) -> None:
+        """End ``job`` (its nodes already released): ``finished``, ``cancelled`` or ``rejected``."""
+        self._close(job, how, now_ns)
+
+    def emit(self, event: str, job: Job) -> None:
+        self._emit(event, job)
+
     def _close(self, job: Job, how: str, now_ns: int) -> None:
         job.state, job.finished_ns = how, now_ns
         self.jobs.pop(job.id, None)
@@ -199,7 +232,8 @@ class JobBook:
         }
 
     def _order(self) -> list[str]:
-        running = sorted((j for j in self.running()), key=lambda j: (j.started_ns or 0, j.id))
+        holding = [j for j in self.jobs.values() if j.state in ("running", "placed")]
+        running = sorted(holding, key=lambda j: (j.started_ns or j.submitted_ns, j.id))
         return [j.id for j in running] + list(self.queue)
 
     def restore(self, doc: dict[str, Any], now_ns: int) -> None:
@@ -210,8 +244,9 @@ class JobBook:
         for raw in doc.get("jobs", []):
             job = Job.from_dict(raw)
             self.jobs[job.id] = job
-            if job.state == "running":
-                self.state.place(job.id, job.nodes, float(job.node_power_w or 0.0))
+            if job.state in ("running", "placed"):
+                power = float(job.node_power_w or 0.0)
+                self.state.place(job.id, job.nodes, power, observed=job.state == "running")
             else:
                 self.queue.append(job.id)
         self.expire(now_ns)

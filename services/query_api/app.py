@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.common.auth import Credentials, Role
 from services.common.errors import KelvinError, SensorNameError, TimeSpecError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.logs import RateLimitedLog
@@ -23,7 +24,7 @@ from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import ApiContext
-from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
+from services.query_api.routes import grafana, jobs, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
 from services.query_api.virtual.engine import Engine
@@ -83,8 +84,21 @@ def create_app(
     app.include_router(virtual.router(ctx))
     app.include_router(prometheus.router(ctx))
     app.include_router(grafana.router(ctx))
+    app.include_router(jobs.router(ctx))
+    if not hasattr(app.state, "credentials"):
+        app.state.credentials = lambda: _credentials(ctx.settings)
     console.mount(app)
     return app
+
+
+def _credentials(settings: Settings) -> Credentials:
+    """Roles for the routes declared with ``requires``, from ``token``/``protect_reads``
+    (the same rule as the routes that still use ``bearer``): ``token`` is the admin
+    credential; reads are open unless ``protect_reads``; no token: all open."""
+    if not settings.token:
+        return Credentials(open_roles=frozenset(Role))
+    opened = [] if settings.protect_reads else [Role.READ]
+    return Credentials.from_roles({Role.ADMIN: [settings.token]}, open_roles=opened)
 
 
 DEMO_VIRTUAL_SENSORS = {

@@ -1,0 +1,96 @@
+"""The Slurm bridge service: its one door (built from settings, owns its clients and the loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import FastAPI
+
+from services.common.auth import Credentials, Role
+from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.settings import Config
+from services.slurm_bridge import api
+from services.slurm_bridge.allocator import AllocatorClient
+from services.slurm_bridge.client import SlurmClient
+from services.slurm_bridge.commands import CommandClient
+from services.slurm_bridge.metrics import BridgeMetrics
+from services.slurm_bridge.reconcile import Reconciler
+from services.slurm_bridge.rest import RestClient
+from services.slurm_bridge.settings import Settings
+from services.slurm_bridge.tokens import TokenSource
+
+
+def slurm_client(s: Settings) -> SlurmClient:
+    parts = frozenset(s.partitions)
+    if s.slurm_api == "commands":
+        return CommandClient(s.commands_dir, s.slurm_conf, s.slurm_timeout_s, parts)
+    tokens = TokenSource(
+        s.jwt_user, s.token, s.token_file, s.jwt_key_file, s.token_command, s.token_lifespan_s
+    )
+    return RestClient(s.slurmrestd_url, tokens, s.slurmrestd_version, s.slurm_timeout_s, parts)
+
+
+def credentials(s: Settings) -> Credentials:
+    """``api_token`` is the admin credential, ``notify_token`` the prolog's (write); without
+    either every role is open (development)."""
+    if not (s.api_token or s.notify_token):
+        return Credentials(open_roles=frozenset(Role))
+    return Credentials.from_roles({Role.ADMIN: [s.api_token], Role.WRITE: [s.notify_token]})
+
+
+def create_app(rec: Reconciler, metrics: BridgeMetrics) -> FastAPI:
+    app = FastAPI(
+        title="Kelvin Slurm bridge",
+        version="0.1.0",
+        description="Places a Slurm cluster's jobs where Kelvin's allocator chooses.",
+    )
+    install_error_handlers(app)
+    app.state.credentials = credentials(rec.settings)
+
+    def ready() -> tuple[bool, str]:
+        return bool(rec.status.get("ready")), str(rec.status.get("reason"))
+
+    app.include_router(health_router(metrics, ready))
+    app.include_router(api.router(rec))
+    return app
+
+
+class SlurmBridgeService(HttpService):
+    """HTTP (health, metrics, notifications) + the reconcile loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = BridgeMetrics()
+        self.slurm = slurm_client(settings)
+        self.allocator = AllocatorClient(
+            settings.allocator_url, settings.allocator_token, settings.slurm_timeout_s
+        )
+        self.reconciler = Reconciler(settings, self.slurm, self.allocator, self.metrics)
+        super().__init__(
+            "slurm-bridge",
+            create_app(self.reconciler, self.metrics),
+            settings.host,
+            settings.port,
+            "--slurm-bridge-port",
+        )
+        self._task: asyncio.Task[object] | None = None
+
+    async def open(self) -> None:
+        self._task = self.watch(asyncio.create_task(self.reconciler.run(), name="slurm-reconcile"))
+        self.metrics.up.set(1)
+
+    async def close(self) -> None:
+        # A round stopped anywhere is finished by the next one (every step is idempotent).
+        self.metrics.up.set(0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.slurm.close()
+        await self.allocator.close()
+
+
+def create_service(config: Config) -> SlurmBridgeService:
+    return SlurmBridgeService(config.load(Settings))
