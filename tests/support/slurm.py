@@ -137,7 +137,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/linear
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,bf_interval=1
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/log/jobcomp.txt
 AccountingStorageType=accounting_storage/none

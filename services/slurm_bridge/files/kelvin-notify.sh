@@ -4,7 +4,8 @@
 # nanosecond (Slurm keeps seconds). A hint only: the bridge polls Slurm anyway.
 #
 # It returns at once and always exits 0 (a failing PrologSlurmctld would requeue
-# the job): the notification is sent in the background with a 3 s timeout.
+# the job): the notification is sent in the background, in its own session,
+# with a 3 s timeout.
 # Configuration: kelvin-notify.conf next to this script, KEY=VALUE lines:
 #   KELVIN_BRIDGE_URL=http://kelvin-slurm-bridge:8084
 #   KELVIN_TOKEN_FILE=/etc/slurm/kelvin-notify.token   (the bridge's notify_token)
@@ -60,9 +61,9 @@ token=""
 
 body="{\"event\":\"$event\",\"job_id\":\"$id\"}"
 export KELVIN_NOTIFY_TOKEN="$token"
-if [ -x /usr/bin/timeout ]; then
-  /usr/bin/timeout 3 "$0" --send "${url%/}" "$body" </dev/null >/dev/null 2>&1 &
-else
-  "$0" --send "${url%/}" "$body" </dev/null >/dev/null 2>&1 &
-fi
+# In its own session (setsid): slurmctld kills the script's process group when it returns.
+run=("$0" --send "${url%/}" "$body")
+[ -x /usr/bin/timeout ] && run=(/usr/bin/timeout 3 "${run[@]}")
+[ -x /usr/bin/setsid ] && run=(/usr/bin/setsid -f "${run[@]}")
+"${run[@]}" </dev/null >/dev/null 2>&1 &
 exit 0
