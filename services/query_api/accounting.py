@@ -6,7 +6,8 @@ default) is read around the job's time and taken as the piecewise-linear
 signal through its readings, which is integrated exactly over
 ``[start, end]`` (between readings by the trapezoid; at the edges the
 signal is interpolated from the readings on either side, or held at the
-nearest one). The job's IT energy is the sum over its nodes.
+nearest one: ``complete`` is false until every node has a reading after the
+end). The job's IT energy is the sum over its nodes.
 
 Cooling is attributed through the hall model: at every instant the CRAC
 draws ``P_AC = ΣP / CoP(Tsup')`` with ``Tsup' = Tsup + Tred - max Tin``, the
@@ -111,6 +112,13 @@ async def account(
     wanted = sorted(set(powers) | set(inlets) | set(hall_inlets))
     data = await storage.read_many(wanted, lo, hi)
     missing = [p for p in powers if data[p].timestamps_ns.size == 0]
+    # final once every node has a reading on both sides of the job (else the edges are held)
+    complete = job.end_ns is not None and all(
+        data[p].timestamps_ns.size
+        and data[p].timestamps_ns[0] <= start
+        and data[p].timestamps_ns[-1] >= end
+        for p in powers
+    )
     it_j = sum(
         (
             integral(data[p].timestamps_ns, data[p].values, start, end)
@@ -143,6 +151,7 @@ async def account(
         "avg_power_w": it_j / duration if duration > 0 else None,
         "peak_inlet_c": peak,
         "missing_sensors": missing,
+        "complete": bool(complete),
     }
 
 
