@@ -254,7 +254,7 @@ def main(quick: bool) -> str:
     decision_rows, sweep_rows, exact_rows, heuristic_rows = [], [], [], []
     for hall, sizes, count in _halls(quick):
         model = HallModel(hall)
-        _ = model.cc_min, model.shells, model.d_csc, model.d_csr
+        _ = model.cc_min, model.d_csc, model.d_csr
         hot = _cases(model, sizes, count, hot=True)
         decision_rows += _decision_rows(model, _cases(model, sizes, count), hot)
         if model.n == 40:

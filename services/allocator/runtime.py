@@ -105,7 +105,7 @@ class AllocatorCore:
     def load(self) -> None:
         """Take the saved jobs back (releasing those whose time ran out while down)."""
         model = self.book.model
-        _ = model.cc_min, model.shells, model.d_csc, model.d_csr  # once now, not per request
+        _ = model.cc_min, model.d_csc, model.d_csr  # once now, not per request
         if self._saved:
             try:
                 self.book.restore(self._saved, time.time_ns())

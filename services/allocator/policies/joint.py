@@ -24,7 +24,7 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
-from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at
+from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at, shell_scores
 from services.allocator.policies.mpit import Mpit, peak_after
 
 
@@ -40,7 +40,7 @@ class Joint(Policy):
         centres = Mpit(self.options).choose(view, request, 0)[0]
         limit = self.options.joint_max_centres
         if len(centres) > limit:
-            score = np.partition(model.shells[np.ix_(centres, free)], n - 1, axis=1)[:, :n].sum(1)
+            score = shell_scores(model, free, n, centres)
             centres = np.sort(centres[np.lexsort((centres, score))[:limit]])
         rise = view.rise_per_node(request.power_w)
         heat = ShellHeat(view, rise)  # equally compact fills: the coolest (the paper's tie rule)

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 import scipy.sparse as sp
 
 from services.allocator.communication import distance_matrix, distance_sums
@@ -37,47 +38,92 @@ from services.allocator.policies.base import (
     register,
 )
 
+GREEDY_WORK_LIMIT = 2_000_000
+"""A greedy fill costs ``need x shell`` distance updates; above this (big jobs on big halls)
+the shell's nodes nearest to the inner ones are taken instead, one sort."""
+
 
 class ShellHeat:
     """Peak inlets of candidate fills, to break ties between equally compact ones.
 
-    Built once per decision from the view and each free node's power rise.
-    Only the rows a shell's nodes heat can differ between two fills of that
-    shell; the rest of the hall enters as one constant floor.
+    Built once per decision from the view and each free node's power rise. A
+    fill only adds heat, so its peak is ``max(today's peak with the inner
+    nodes busy, the rows its nodes heat)``: the cost follows D's non-zeros in
+    the shell's columns, never the hall's size.
     """
 
-    MAX_ENTRIES = 4_000_000
-    """Rows x fills x picks evaluated at once (bounded memory)."""
+    MAX_TIES = 512
+    """Equally compact fills compared at most (the lowest first)."""
 
     def __init__(self, view: View, rise: Float64Array) -> None:
         self.view = view
         self.rise = rise
+        self._base: tuple[bytes, Float64Array] | None = None
+        self._cols: tuple[bytes, sp.csc_matrix] | None = None
 
-    def setup(self, inner: IntArray, shell: IntArray) -> tuple[Float64Array, Float64Array, float]:
-        """(inlets of the touched rows with ``inner`` busy, their heat from each shell node, floor)."""
-        d = self.view.model.d_csc
-        base = self.view.inlet_c + d[:, inner] @ self.rise[inner]
-        cols = (d[:, shell] @ sp.diags(self.rise[shell])).tocsr()
-        rows = np.flatnonzero(np.diff(cols.indptr))
-        if rows.size == 0:
-            rows = np.array([int(np.argmax(base))])
-        rest = base.copy()
-        rest[rows] = -np.inf
-        return base[rows], np.asarray(cols[rows].toarray()), float(rest.max())
+    def base(self, inner: IntArray) -> Float64Array:
+        """Every inlet once ``inner`` is busy (absent nodes at -inf)."""
+        key = inner.tobytes()
+        if self._base is None or self._base[0] != key:
+            d = self.view.model.d_csc
+            self._base = (key, self.view.inlet_c + d[:, inner] @ self.rise[inner])
+        return self._base[1]
 
-    def peaks(
-        self, inner: IntArray, shell: IntArray, combos: IntArray, left_out: bool = False
-    ) -> Float64Array:
-        """The hall's peak inlet for each fill (``combos``: shell positions picked, or left out)."""
-        base, heat, floor = self.setup(inner, shell)
-        total = heat.sum(axis=1)
-        out = np.empty(len(combos))
-        step = max(1, self.MAX_ENTRIES // max(1, heat.shape[0] * combos.shape[1]))
-        for a in range(0, len(combos), step):
-            part = heat[:, combos[a : a + step]].sum(axis=2)
-            added = total[:, None] - part if left_out else part
-            out[a : a + step] = (base[:, None] + added).max(axis=0)
-        return np.maximum(out, floor)
+    def add_many(self, base: Float64Array, shell: IntArray, nodes: IntArray) -> None:
+        """``base`` += the heat of ``nodes`` (positions in ``shell``), in place."""
+        idx = self._segments(self._columns(shell), nodes)[0]
+        heat = self._columns(shell)
+        np.add.at(base, heat.indices[idx], heat.data[idx])
+
+    @staticmethod
+    def _segments(heat: sp.csc_matrix, nodes: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+        """(positions in heat's data of ``nodes``' columns, each column's length, its first)."""
+        starts, lengths = heat.indptr[nodes], heat.indptr[nodes + 1] - heat.indptr[nodes]
+        first = np.cumsum(lengths) - lengths
+        idx = np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))
+        return idx, lengths, first
+
+    def _columns(self, shell: IntArray) -> sp.csc_matrix:
+        """The shell's heat columns (D's columns times each node's power rise), once per shell."""
+        key = shell.tobytes()
+        if self._cols is None or self._cols[0] != key:
+            heat = sp.csc_matrix(self.view.model.d_csc[:, shell] @ sp.diags(self.rise[shell]))
+            self._cols = (key, heat)
+        return self._cols[1]
+
+    def single_peaks(self, base: Float64Array, shell: IntArray, nodes: IntArray) -> Float64Array:
+        """The hall's peak if each one of ``nodes`` (positions in ``shell``) alone joined."""
+        heat = self._columns(shell)
+        top = float(base.max())
+        idx, lengths, first = self._segments(heat, nodes)
+        out = np.full(len(nodes), top)
+        filled = lengths > 0
+        if filled.any():
+            values = base[heat.indices[idx]] + heat.data[idx]
+            out[filled] = np.maximum(np.maximum.reduceat(values, first[filled]), top)
+        return out
+
+    def peaks_on(self, base: Float64Array, shell: IntArray, picks: IntArray) -> Float64Array:
+        """The hall's peak for each row of ``picks`` (positions in ``shell``) added to ``base``."""
+        if picks.shape[1] == 1:
+            return self.single_peaks(base, shell, picks[:, 0])
+        top = float(base.max())
+        heat = self._columns(shell)
+        t, k = picks.shape
+        which = sp.csc_matrix(
+            (np.ones(t * k), (picks.ravel(), np.repeat(np.arange(t), k))), shape=(len(shell), t)
+        )
+        added = sp.csc_matrix(heat @ which)
+        out = np.full(t, top)
+        filled = np.diff(added.indptr) > 0
+        if filled.any():
+            values = base[added.indices] + added.data
+            tops = np.maximum.reduceat(values, added.indptr[:-1][filled])
+            out[filled] = np.maximum(tops, top)
+        return out
+
+    def peaks(self, inner: IntArray, shell: IntArray, picks: IntArray) -> Float64Array:
+        return self.peaks_on(self.base(inner), shell, picks)
 
 
 def _coolest(costs: Float64Array, peaks: Callable[[IntArray], Float64Array] | None) -> int:
@@ -85,6 +131,7 @@ def _coolest(costs: Float64Array, peaks: Callable[[IntArray], Float64Array] | No
     best = np.flatnonzero(costs == costs.min())
     if peaks is None or len(best) == 1:
         return int(best[0])
+    best = best[: ShellHeat.MAX_TIES]
     binned = np.round(peaks(best) / PEAK_TOLERANCE_C)
     return int(best[int(np.argmin(binned))])
 
@@ -100,7 +147,8 @@ def fill_from_shell(
     """``inner`` plus the ``need`` nodes of ``shell`` that give the smallest CC.
 
     Equally compact fills go to the one with the lowest peak inlet when ``heat``
-    is given (peaks within 0.1 mK are equal), then to the lowest indices.
+    is given (peaks within 0.1 mK are equal; at most ``MAX_TIES`` compared), then
+    to the lowest indices.
     """
     if need <= 0:
         return np.sort(inner)
@@ -108,56 +156,98 @@ def fill_from_shell(
         return np.sort(np.r_[inner, shell])
     w = model.weights
     to_inner = distance_sums(model.pos[shell], model.pos[inner], w)
-    among = distance_matrix(model.pos[shell], model.pos[shell], w)
+    hot = None if heat is None else (heat, inner, shell)
     if math.comb(len(shell), need) <= exact_limit:
-        drop = len(shell) - need
-        if drop < need:  # enumerate the few left out: the same order of costs, less work
-            # the lexicographically smallest pick leaves out the lexicographically largest
-            # set: enumerate the left-out sets from the largest down
-            combos = _combinations(len(shell), drop)[::-1]
-            # pair sum added = constant - Σ_out (to inner + to the whole shell) + Σ within out
-            gain = (to_inner + among.sum(axis=1))[combos].sum(axis=1)
-            within = among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
-            cost = np.round(within - gain, 9)
-            tie = None if heat is None else (lambda k: heat.peaks(inner, shell, combos[k], True))
-            out = combos[_coolest(cost, tie)]
-            pick = np.setdiff1d(np.arange(len(shell)), out)
-        else:
-            combos = _combinations(len(shell), need)
-            # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
-            cost = to_inner[combos].sum(axis=1)
-            cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
-            # lexicographic order of combinations makes the first tie the lowest indices
-            tie = None if heat is None else (lambda k: heat.peaks(inner, shell, combos[k]))
-            pick = combos[_coolest(np.round(cost, 9), tie)]
+        pick = _exact_fill(model, shell, need, to_inner, hot)
+    elif need * len(shell) <= GREEDY_WORK_LIMIT:
+        among = distance_matrix(model.pos[shell], model.pos[shell], w)
+        pick = _greedy_fill(to_inner, among, need, hot)
     else:
-        pick = _greedy_fill(to_inner, among, need, None if heat is None else (heat, inner, shell))
+        pick = _nearest_fill(to_inner, need, hot)
     return np.sort(np.r_[inner, shell[pick]])
 
 
-def _greedy_fill(
-    to_inner: Float64Array,
-    among: Float64Array,
-    need: int,
-    heat: tuple[ShellHeat, IntArray, IntArray] | None,
+Heat = tuple[ShellHeat, IntArray, IntArray] | None
+"""The tie-breaker with the fill's inner nodes and shell, or None (lowest indices)."""
+
+
+def _exact_fill(
+    model: HallModel, shell: IntArray, need: int, to_inner: Float64Array, heat: Heat
 ) -> IntArray:
+    """The cheapest of every ``need``-subset of the shell."""
+    among = distance_matrix(model.pos[shell], model.pos[shell], model.weights)
+    everything = np.arange(len(shell))
+    drop = len(shell) - need
+    if drop < need:  # enumerate the few left out: the same order of costs, less work
+        # the lexicographically smallest pick leaves out the lexicographically largest
+        # set: enumerate the left-out sets from the largest down
+        combos = _combinations(len(shell), drop)[::-1]
+        # pair sum added = constant - Σ_out (to inner + to the whole shell) + Σ within out
+        gain = (to_inner + among.sum(axis=1))[combos].sum(axis=1)
+        within = among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
+        cost = np.round(within - gain, 9)
+
+        def kept(k: IntArray) -> IntArray:
+            return np.array([np.setdiff1d(everything, combos[i]) for i in k.tolist()])
+
+        out = combos[_coolest(cost, _tie(heat, kept))]
+        return np.setdiff1d(everything, out)
+    combos = _combinations(len(shell), need)
+    # pair sum added = Σ distances to the inner nodes + Σ within the picked subset
+    cost = to_inner[combos].sum(axis=1)
+    cost = cost + among[combos[:, :, None], combos[:, None, :]].sum(axis=(1, 2)) / 2.0
+    # lexicographic order of combinations makes the first tie the lowest indices
+    picked: IntArray = combos[_coolest(np.round(cost, 9), _tie(heat, lambda k: combos[k]))]
+    return picked
+
+
+def _tie(
+    heat: Heat, picks: Callable[[IntArray], IntArray]
+) -> Callable[[IntArray], Float64Array] | None:
+    if heat is None:
+        return None
+    h, inner, shell = heat
+    return lambda k: h.peaks(inner, shell, picks(k))
+
+
+def _greedy_fill(to_inner: Float64Array, among: Float64Array, need: int, heat: Heat) -> IntArray:
     """Add the shell node nearest to the set so far, ``need`` times (ties: coolest, lowest)."""
     added = to_inner.copy()
-    taken = np.zeros(len(added), dtype=bool)
+    taken: list[int] = []
+    pending: list[int] = []  # taken since the tie-breaker's inlets were last brought up to date
     if heat is not None:
-        base, cols, floor = heat[0].setup(heat[1], heat[2])
+        h, inner, shell = heat
+        base = h.base(inner).copy()
     for _ in range(need):
-        cost = np.round(np.where(taken, np.inf, added), 9)
+        cost = np.round(added, 9)  # taken nodes are at inf
         best = np.flatnonzero(cost == cost.min())
         j = int(best[0])
         if heat is not None and len(best) > 1:
-            peaks = np.maximum((base[:, None] + cols[:, best]).max(axis=0), floor)
+            if pending:
+                h.add_many(base, shell, np.array(pending))
+                pending.clear()
+            best = best[: ShellHeat.MAX_TIES]
+            peaks = h.peaks_on(base, shell, best[:, None])
             j = int(best[int(np.argmin(np.round(peaks / PEAK_TOLERANCE_C)))])
-        if heat is not None:
-            base = base + cols[:, j]
-        taken[j] = True
+        taken.append(j)
+        pending.append(j)
         added += among[j]
-    return np.flatnonzero(taken)
+        added[j] = np.inf
+    return np.sort(np.array(taken, dtype=np.int64))
+
+
+def _nearest_fill(to_inner: Float64Array, need: int, heat: Heat) -> IntArray:
+    """The ``need`` shell nodes nearest to the inner nodes (ties: coolest alone, lowest)."""
+    near = np.round(to_inner, 9)
+    if heat is None:
+        return np.sort(np.argsort(near, kind="stable")[:need])
+    h, inner, shell = heat
+    alone = np.empty(len(shell))
+    for a in range(0, len(shell), ShellHeat.MAX_TIES):
+        part = np.arange(a, min(a + ShellHeat.MAX_TIES, len(shell)))[:, None]
+        alone[a : a + len(part)] = h.peaks(inner, shell, part)
+    order = np.lexsort((np.arange(len(shell)), np.round(alone / PEAK_TOLERANCE_C), near))
+    return np.sort(order[:need])
 
 
 @functools.lru_cache(maxsize=64)
@@ -166,6 +256,50 @@ def _combinations(size: int, need: int) -> IntArray:
     combos = np.array(list(itertools.combinations(range(size), need)), dtype=np.int64)
     combos.flags.writeable = False
     return combos
+
+
+def shell_scores(
+    model: HallModel, free: IntArray, n: int, centres: IntArray | None = None
+) -> npt.NDArray[np.int64]:
+    """Each centre's MC1x1 score: the sum of its ``n`` smallest shell indices to free nodes
+    (``centres``: the free nodes unless given).
+
+    ``Σ_j s_j = Σ_{k >= 0} (n - min(n, c_k))`` with ``c_k`` the free nodes within
+    shell k, a box in (row, rack, slot): counted from 3-D prefix sums, for all
+    centres at once, k growing until every centre has its n. O(N · max shell)
+    instead of the free x free shell matrix (400 MB at 10,000 nodes).
+    """
+    hall = model.hall
+    shape = (hall.rows, hall.racks, hall.slots)
+    grid = np.zeros(model.n, dtype=np.int64)
+    grid[free] = 1
+    prefix = np.zeros(tuple(x + 1 for x in shape), dtype=np.int64)
+    prefix[1:, 1:, 1:] = grid.reshape(shape).cumsum(0).cumsum(1).cumsum(2)
+    flat = prefix.ravel()
+    stride_r, stride_c = (shape[1] + 1) * (shape[2] + 1), shape[2] + 1
+    # the same ceil(inter_row_distance * |Δrow|) as HallModel.shell_dist, so counts agree exactly
+    row_shell = np.ceil(hall.inter_row_distance * np.abs(np.arange(shape[0])))
+    pos = model.pos[free if centres is None else centres]
+    score = np.zeros(len(pos), dtype=np.int64)
+    active = np.arange(len(pos))
+    k = 0
+    while active.size:
+        p = pos[active]
+        dr = int((row_shell <= k).sum()) - 1
+        lo = [np.maximum(p[:, 0] - dr, 0), np.maximum(p[:, 1] - k, 0), np.maximum(p[:, 2] - k, 0)]
+        hi = [np.minimum(p[:, a] + d + 1, shape[a]) for a, d in enumerate((dr, k, k))]
+        count = np.zeros(len(active), dtype=np.int64)
+        for cr in (0, 1):
+            for cc in (0, 1):
+                for cs in (0, 1):
+                    idx = (hi[0] if cr else lo[0]) * stride_r
+                    idx = idx + (hi[1] if cc else lo[1]) * stride_c + (hi[2] if cs else lo[2])
+                    # + for an odd number of upper corners, - for an even one
+                    count += flat[idx] if (cr + cc + cs) % 2 else -flat[idx]
+        score[active] += n - np.minimum(count, n)
+        active = active[count < n]
+        k += 1
+    return score
 
 
 Fills = dict[tuple[bytes, bytes], IntArray]
@@ -186,7 +320,7 @@ def allocation_at(
     Centres whose inner shells and outermost shell hold the same nodes get
     the same allocation; ``fills`` (one dict per decision) computes it once.
     """
-    dist = model.shells[centre, free]
+    dist = model.shell_dist(centre, free)[0]
     kth = np.partition(dist, n - 1)[n - 1]
     inner = free[dist < kth]
     shell = free[dist == kth]
@@ -208,8 +342,7 @@ class Mc1x1(Policy):
 
     def choose(self, view: View, request: Request, alternatives: int) -> list[IntArray]:
         model, free, n = view.model, view.free_idx, request.size
-        shells = model.shells[np.ix_(free, free)]
-        score = np.partition(shells, n - 1, axis=1)[:, :n].sum(axis=1)
+        score = shell_scores(model, free, n)
         order = np.lexsort((free, score))
         best = score[order[0]]
         tied = order[score[order] == best][: self.options.mc_tie_limit]

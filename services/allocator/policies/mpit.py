@@ -205,46 +205,61 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     tin = view.inlet_c.copy()
     peak = float(tin.max())
     start = np.round(cols.peaks(tin, peak), 9)
-    heap = [
-        (float(p), float(qj), int(fj), j)
-        for j, (p, qj, fj) in enumerate(zip(start, q, free, strict=True))
-    ]
+    heap = list(zip(start.tolist(), q.tolist(), free.tolist(), range(len(free)), strict=True))
     heapq.heapify(heap)
+    bounds = indptr.tolist()
+    pop, push = heapq.heappop, heapq.heappush
     chosen: list[int] = []
     while len(chosen) < n:
-        key, qj, fj, j = heapq.heappop(heap)
-        a, b = indptr[j], indptr[j + 1]
-        col = float((tin[indices[a:b]] + data[a:b]).max()) if b > a else peak
-        fresh = round(max(peak, col), 9)
+        key, qj, fj, j = pop(heap)
+        a, b = bounds[j], bounds[j + 1]
+        if b > a:
+            rows, heat = indices[a:b], data[a:b]
+            fresh = round(max(peak, float((tin[rows] + heat).max())), 9)
+        else:
+            fresh = round(peak, 9)
         if fresh > key:
-            heapq.heappush(heap, (fresh, qj, fj, j))
+            push(heap, (fresh, qj, fj, j))
             continue
-        tin[indices[a:b]] += data[a:b]
+        if b > a:
+            tin[rows] += heat
         peak = max(peak, fresh)
         chosen.append(fj)
     return np.sort(np.array(chosen, dtype=np.int64))
 
 
 def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) -> list[IntArray]:
-    """The ``k`` best sets one swap away from ``chosen``, by resulting peak."""
+    """The ``k`` best sets one swap away from ``chosen``, by resulting peak.
+
+    Only the rows the swapped nodes heat can change; every other row enters as
+    one constant, so the cost follows D's non-zeros, not the hall's size.
+    """
     if k <= 0:
         return []
-    d = view.model.d_rows
+    d = view.model.d_csc
     outside = np.setdiff1d(view.free_idx, chosen)
     if outside.size == 0:
         return []
     tin = view.inlet_c + d[:, chosen] @ rise[chosen]
     hot = int(np.argmax(tin))
-    outs = chosen[np.argsort(-d[hot, chosen] * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]
+    hot_row = np.asarray(view.model.d_csr[hot, chosen].toarray()).ravel()
+    outs = chosen[np.argsort(-hot_row * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]
     ins = outside[np.argsort(total_rise_mk(view, rise, outside), kind="stable")][:SWAP_IN_LIMIT]
-    add = d[:, ins] * rise[ins]
-    scored: list[tuple[float, int, int]] = []
-    for u in outs.tolist():
-        base = tin - d[:, u] * rise[u]
-        peaks = (base[:, None] + add).max(axis=0)
-        scored.extend((float(p), u, int(v)) for p, v in zip(peaks, ins, strict=True))
-    scored.sort()
-    sets = [np.sort(np.r_[chosen[chosen != u], v]) for _, u, v in scored[: 4 * k]]
+    cols = d[:, np.r_[outs, ins]].tocsr()
+    rows = np.flatnonzero(np.diff(cols.indptr))
+    block = np.asarray(cols[rows].toarray()) * rise[np.r_[outs, ins]]
+    rest = np.delete(tin, rows)
+    floor = float(rest.max()) if rest.size else -np.inf
+    add = block[:, len(outs) :]
+    peaks = np.full((len(outs), len(ins)), floor)
+    if rows.size:
+        for a in range(len(outs)):
+            base = tin[rows] - block[:, a]
+            peaks[a] = np.maximum((base[:, None] + add).max(axis=0), floor)
+    # by peak, then the node swapped out, then the one swapped in
+    us, vs = np.repeat(outs, len(ins)), np.tile(ins, len(outs))
+    best = np.lexsort((vs, us, peaks.ravel()))[: 4 * k]
+    sets = [np.sort(np.r_[chosen[chosen != us[i]], vs[i]]) for i in best.tolist()]
     return distinct(sets, k)
 
 
