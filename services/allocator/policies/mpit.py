@@ -205,13 +205,21 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     tin = view.inlet_c.copy()
     peak = float(tin.max())
     start = np.round(cols.peaks(tin, peak), 9)
-    heap = list(zip(start.tolist(), q.tolist(), free.tolist(), range(len(free)), strict=True))
+    # Heap entries (key, rank): rank orders the ties by (total rise, index), so two-element
+    # tuples compare as the four-element (key, q, index, position) did, only faster.
+    by_rank = np.lexsort((free, q))
+    rank = np.empty(len(free), dtype=np.int64)
+    rank[by_rank] = np.arange(len(free))
+    heap = list(zip(start.tolist(), rank.tolist(), strict=True))
     heapq.heapify(heap)
     bounds = indptr.tolist()
+    position = by_rank.tolist()
+    node = free.tolist()
     pop, push = heapq.heappop, heapq.heappush
     chosen: list[int] = []
     while len(chosen) < n:
-        key, qj, fj, j = pop(heap)
+        key, r = pop(heap)
+        j = position[r]
         a, b = bounds[j], bounds[j + 1]
         if b > a:
             rows, heat = indices[a:b], data[a:b]
@@ -219,12 +227,12 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
         else:
             fresh = round(peak, 9)
         if fresh > key:
-            push(heap, (fresh, qj, fj, j))
+            push(heap, (fresh, r))
             continue
         if b > a:
             tin[rows] += heat
         peak = max(peak, fresh)
-        chosen.append(fj)
+        chosen.append(node[j])
     return np.sort(np.array(chosen, dtype=np.int64))
 
 
