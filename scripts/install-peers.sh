@@ -15,6 +15,14 @@ have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+# A real Slurm for the slurm bridge's tests (never slurm-wlm-emulator: it replaces these binaries)
+have slurmctld || need+=(slurmctld)
+have slurmd || need+=(slurmd)
+have sbatch || need+=(slurm-client)
+have slurmrestd || need+=(slurmrestd)
+have munged || need+=(munge)
+[ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || [ -e /usr/lib/aarch64-linux-gnu/slurm-wlm/auth_jwt.so ] \
+  || need+=(slurm-wlm-jwt-plugin)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -17,6 +17,7 @@ slurm.conf there; pytest's own temporary directories are private).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import pwd
@@ -34,14 +35,14 @@ import pytest
 from services.slurm_bridge.install import write_files
 from tests.support.servers import free_port, require_binary, wait_port
 
-PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
+PLUGIN_DIRS = [Path(p) for p in sorted(glob.glob("/usr/lib/*/slurm-wlm"))]
 PACKAGES = "slurmctld slurmd slurm-client slurmrestd munge slurm-wlm-jwt-plugin"
 NODES = 12
 NOBODY = "nobody"
 
 
 def _require_plugin(name: str, package: str) -> None:
-    if not (PLUGIN_DIR / name).exists():
+    if not any((d / name).exists() for d in PLUGIN_DIRS):
         msg = f"Slurm plugin {name} not installed (Debian package {package})"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(msg)
