@@ -8,12 +8,7 @@ slurm-bridge`` process that a test may kill and start again.
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +21,8 @@ import yaml
 from services.common.halls.hallfile import save_hall
 from services.common.thermal import reference_hall
 from tests.support.kelvin import KelvinUp
-from tests.support.servers import free_port, wait_port
-from tests.support.slurm import SlurmCluster, slurm_cluster
+from tests.support.servers import free_port
+from tests.support.slurm import Bridge, SlurmCluster, slurm_cluster
 
 __all__ = ["slurm_cluster"]
 
@@ -37,78 +32,6 @@ HALL_NODES = 12
 
 def slurm_name(index: int) -> str:
     return f"n{index + 1:02d}"
-
-
-class Bridge:
-    """One ``kelvin run slurm-bridge`` process; its log lines are kept across restarts."""
-
-    def __init__(self, workdir: Path, settings: dict[str, Any]) -> None:
-        self.workdir = workdir
-        self.settings = settings
-        self.port = int(settings["port"])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-
-    def start(self, **changes: Any) -> Bridge:
-        conf = self.workdir / f"bridge-{self.runs}.yaml"
-        conf.write_text(yaml.safe_dump({"slurm_bridge": {**self.settings, **changes}}))
-        self.log = self.workdir / f"bridge-{self.runs}.log"
-        self.runs += 1
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.cli",
-                    "run",
-                    "slurm-bridge",
-                    "--config",
-                    str(conf),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.workdir,
-            )
-        wait_port(self.port, proc=self.proc, timeout=30)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{self.url}/readyz").status_code != 200:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"bridge not ready:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.05)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: no chance to finish anything."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return 0 if self.proc is None else int(self.proc.returncode)
-        self.proc.send_signal(signal.SIGTERM)
-        return int(self.proc.wait(30))
-
-    def actions(self) -> list[tuple[str, str]]:
-        """(job id, action) of every side effect every run of the bridge logged."""
-        found = []
-        for i in range(self.runs):
-            for line in (self.workdir / f"bridge-{i}.log").read_text().splitlines():
-                if "slurm bridge: job " in line and ": " in line.split("slurm bridge: job ", 1)[1]:
-                    job, rest = line.split("slurm bridge: job ", 1)[1].split(": ", 1)
-                    found.append((job, rest.split(" ", 1)[0]))
-        return found
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics").text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and not line.startswith("#")
-        )
 
 
 class Stack:
