@@ -185,3 +185,32 @@ def test_the_notify_script_always_exits_zero_at_once(tmp_path: Path) -> None:
     r = subprocess.run([str(tmp_path / "kelvin-notify.sh")], env=env, timeout=10)
     assert r.returncode == 0 and time.monotonic() - started < 2
     assert json.loads('{"event":"start","job_id":"12"}')  # the body it sends is JSON
+
+
+def test_kelvin_slurm_files_writes_the_controllers_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import UP_WHEN_CONFIGURED, main
+
+    rc = main(["slurm", "files", "--dir", str(tmp_path), "--bridge-url", "http://b:8084",
+               "--partitions", "kelvin", "--operators", "0,64030"])  # fmt: skip
+    assert rc == 0
+    assert 'KELVIN_PARTITIONS = { "kelvin" }' in (tmp_path / "job_submit.lua").read_text()
+    assert os.access(tmp_path / "kelvin-notify.sh", os.X_OK)
+    assert (tmp_path / "kelvin-notify.conf").read_text() == "KELVIN_BRIDGE_URL=http://b:8084\n"
+    out = capsys.readouterr().out
+    assert f"PrologSlurmctld={tmp_path}/kelvin-notify.sh" in out and "JobSubmitPlugins=lua" in out
+    assert (
+        main(
+            [
+                "slurm",
+                "files",
+                "--dir",
+                str(tmp_path),
+                "--bridge-url",
+                "b:1",
+            ]
+        )
+        == 2
+    )
+    assert UP_WHEN_CONFIGURED == {"slurm-bridge": "slurm_bridge"}  # `kelvin up` runs it on demand
