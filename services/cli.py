@@ -149,24 +149,9 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
         )
     if args.allocator_port is not None:
         cfg.set("allocator", "port", args.allocator_port, "--allocator-port")
-        cfg.set(
-            "query_api",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
-        cfg.set(
-            "pusher",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
-        cfg.set(
-            "slurm_bridge",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
+        for client in ("query_api", "pusher", "slurm_bridge"):
+            url = f"http://{loop_host}:{args.allocator_port}"
+            cfg.set(client, "allocator_url", url, "--allocator-port")
     if args.slurm_bridge_port is not None:
         cfg.set("slurm_bridge", "port", args.slurm_bridge_port, "--slurm-bridge-port")
     if args.log_level:
