@@ -163,6 +163,7 @@ class JobBook:
             self.queue.popleft()
             self.state.place(job.id, d.choice.nodes, d.choice.node_power_w)
             job.state, job.waiting_reason, job.started_ns = "running", None, now_ns
+            job.placed_by = d.policy
             job.nodes, job.node_power_w = d.choice.nodes, d.choice.node_power_w
             if job.runtime_s is not None:
                 factor = runtime_stretch(job.comm_share, d.choice.lf) if job.stretch else 1.0

@@ -9,6 +9,7 @@ slurmrestd must run with ``SLURM_JWT=daemon`` and ``-a rest_auth/jwt``
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -68,8 +69,7 @@ class RestClient(SlurmClient):
         return doc
 
     async def snapshot(self) -> Snapshot:
-        jobs = await self._call("GET", "/jobs")
-        nodes = await self._call("GET", "/nodes")
+        jobs, nodes = await asyncio.gather(self._call("GET", "/jobs"), self._call("GET", "/nodes"))
         return Snapshot(parse_jobs(jobs, self.partitions), parse_nodes(nodes))
 
     async def set_nodes(self, job_id: str, nodes: list[str]) -> None:
