@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -74,11 +75,13 @@ class Loop:
         token = self.work / "notify.token"
         secret = secrets.token_urlsafe(16)
         token.write_text(secret)
+        wake = free_port()
         self.bridge = Bridge(
             self.work,
             {
                 "host": "127.0.0.1",
                 "port": free_port(),
+                "wake_port": wake,
                 "allocator_url": self.up.url("allocator"),
                 "slurmrestd_url": self.cluster.rest_url,
                 "jwt_user": "root",
@@ -88,7 +91,7 @@ class Loop:
                 "notify_token": secret,
             },
         )
-        self.cluster.notify_conf(self.bridge.url, token)
+        self.cluster.notify_conf(self.bridge.url, token, wake)
         self.bridge.start()
         self.allocator = httpx.Client(base_url=self.up.url("allocator"), timeout=30)
         self.query = httpx.Client(base_url=self.up.url("query_api"), timeout=60)
@@ -97,6 +100,7 @@ class Loop:
         self.bridge.stop()
         self.up.stop()
         self.cluster.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def submit(self, nodes: int, seconds: float, kelvin: bool) -> tuple[str, int]:
         """(job id, submit time ns); the job writes its start time to ``start.<id>``."""

@@ -8,6 +8,7 @@ import contextlib
 from fastapi import FastAPI
 
 from services.common.auth import Credentials, Role
+from services.common.errors import PortInUseError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.settings import Config
 from services.slurm_bridge import api
@@ -56,8 +57,24 @@ def create_app(rec: Reconciler, metrics: BridgeMetrics) -> FastAPI:
     return app
 
 
+class _Wake(asyncio.DatagramProtocol):
+    """The job_submit.lua's UDP wake-up: any ``kelvin-wake`` datagram starts a round now.
+
+    Unauthenticated on purpose (the Lua holds no credential): it can only make the
+    next round come sooner, which reads Slurm and changes nothing by itself.
+    """
+
+    def __init__(self, rec: Reconciler) -> None:
+        self.rec = rec
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        if data.startswith(b"kelvin-wake"):
+            self.rec.metrics.events.labels("submit").inc()
+            self.rec.wake.set()
+
+
 class SlurmBridgeService(HttpService):
-    """HTTP (health, metrics, notifications) + the reconcile loop."""
+    """HTTP (health, metrics, notifications) + the UDP wake-up + the reconcile loop."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -75,8 +92,24 @@ class SlurmBridgeService(HttpService):
             "--slurm-bridge-port",
         )
         self._task: asyncio.Task[object] | None = None
+        self._udp: asyncio.DatagramTransport | None = None
+        self.wake_port: int | None = None
 
     async def open(self) -> None:
+        port = self.settings.wake_port
+        if port is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda: _Wake(self.reconciler), local_addr=(self.settings.host, port)
+                )
+            except OSError as exc:
+                raise PortInUseError(
+                    f"slurm bridge: cannot bind UDP {self.settings.host}:{port} (wake_port): "
+                    f"{exc.strerror}"
+                ) from exc
+            self._udp = transport
+            self.wake_port = int(transport.get_extra_info("sockname")[1])
         self._task = self.watch(asyncio.create_task(self.reconciler.run(), name="slurm-reconcile"))
         self.metrics.up.set(1)
 
@@ -88,6 +121,9 @@ class SlurmBridgeService(HttpService):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
         await self.slurm.close()
         await self.allocator.close()
 

@@ -32,6 +32,11 @@ def register(sub: Any, groups: dict[str, Any]) -> None:
         help="comma-separated uids that may hold/release/re-target Kelvin's jobs (default 0)",
     )
     p.add_argument("--token-file", type=Path, help="file holding the bridge's notify_token")
+    p.add_argument(
+        "--wake",
+        metavar="IP:PORT",
+        help="the bridge's UDP wake-up address (its wake_port): placed at once after submit",
+    )
     p.set_defaults(func=_files)
 
 
@@ -44,6 +49,12 @@ def _files(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--operators {args.operators!r}: expected comma-separated uids"
         ) from None
+    wake = None
+    if args.wake:
+        host, _, port = args.wake.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--wake {args.wake!r}: expected IP:PORT")
+        wake = (host.strip("[]"), int(port))
     written = write_files(
         args.dir,
         args.bridge_url,
@@ -51,6 +62,7 @@ def _files(args: argparse.Namespace) -> int:
         args.default_partition,
         operators,
         args.token_file,
+        wake,
     )
     for path in written:
         print(f"wrote {path}")

@@ -8,6 +8,7 @@ additions (docs/slurm.md explains each).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Sequence
@@ -31,11 +32,23 @@ def _text(name: str) -> str:
     return resources.files("services.slurm_bridge.files").joinpath(name).read_text("utf-8")
 
 
-def render_lua(partitions: Sequence[str], default_partition: str, operators: Sequence[int]) -> str:
-    """``job_submit.lua`` for these partitions ([] = all) and operator uids."""
+def render_lua(
+    partitions: Sequence[str],
+    default_partition: str,
+    operators: Sequence[int],
+    wake: tuple[str, int] | None = None,
+) -> str:
+    """``job_submit.lua`` for these partitions ([] = all), operator uids and the bridge's UDP
+    wake-up address (an IP address: the Lua must never wait for a name lookup)."""
     for p in [*partitions, default_partition]:
         if p and not _NAME.match(p):
             raise ConfigError(f"partition name {p!r}: expected letters, digits, '_', '.', '-'")
+    host, port = wake or ("", 0)
+    if host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(f"wake host {host!r}: expected an IP address") from None
     parts = ", ".join(f'"{p}"' for p in partitions)
     ops = ", ".join(str(int(u)) for u in sorted(set(operators)))
     return (
@@ -43,6 +56,8 @@ def render_lua(partitions: Sequence[str], default_partition: str, operators: Seq
         .replace("@PARTITIONS@", parts)
         .replace("@DEFAULT_PARTITION@", default_partition)
         .replace("@OPERATORS@", ops)
+        .replace("@WAKE_HOST@", host)
+        .replace("@WAKE_PORT@", str(int(port)))
     )
 
 
@@ -53,13 +68,14 @@ def write_files(
     default_partition: str = "",
     operators: Sequence[int] = (0,),
     token_file: Path | None = None,
+    wake: tuple[str, int] | None = None,
 ) -> list[Path]:
     """Write the three files into ``directory``; returns their paths."""
     if not bridge_url.startswith(("http://", "https://")) or any(c in bridge_url for c in "\n'\""):
         raise ConfigError(f"bridge URL {bridge_url!r}: expected http://host:port")
     directory.mkdir(parents=True, exist_ok=True)
     lua = directory / "job_submit.lua"
-    lua.write_text(render_lua(partitions, default_partition, operators), encoding="utf-8")
+    lua.write_text(render_lua(partitions, default_partition, operators, wake), encoding="utf-8")
     script = directory / "kelvin-notify.sh"
     script.write_text(_text("kelvin-notify.sh"), encoding="utf-8")
     os.chmod(script, 0o755)

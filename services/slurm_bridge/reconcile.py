@@ -23,7 +23,8 @@ keeps no state of its own beyond the notification times below.
 
 Rounds run every ``poll_interval_s`` and at once when the shipped
 PrologSlurmctld/EpilogSlurmctld script reports a job start or end (which
-also gives the start and end to the nanosecond, where Slurm keeps seconds).
+also gives the start and end to the nanosecond, where Slurm keeps seconds)
+or the shipped job_submit.lua's UDP datagram says a job was submitted.
 When Slurm or the allocator does not answer, the round ends and the jobs
 stay as they are (held jobs stay held): nothing blocks slurmctld, nothing
 is lost.
@@ -53,6 +54,7 @@ NS = 1_000_000_000
 NOTIFIED_KEEP = 10_000
 """Notification times kept (oldest forgotten first)."""
 NOTIFY_MATCH_NS = 5 * NS
+MIN_ROUND_GAP_S = 0.02
 """A notification this close to Slurm's (whole-second) start or end time gives its exact time."""
 
 
@@ -134,6 +136,8 @@ class Reconciler:
         while True:
             self.wake.clear()
             await self.round()
+            # woken by a flood of notifications, still leave the event loop (and slurmctld) room
+            await asyncio.sleep(MIN_ROUND_GAP_S)
             await self._sleep()
 
     async def _sleep(self) -> None:

@@ -62,6 +62,9 @@ class Settings(SectionSettings):
     """Or explicitly: {slurm node: hall index or ``rowR/rackK/slotS``}."""
     poll_interval_s: float = Field(2.0, gt=0)
     """Reconcile at least this often (the prolog/epilog notifications wake it at once)."""
+    wake_port: int | None = Field(None, ge=0, le=65535)
+    """UDP port the shipped job_submit.lua sends a wake-up datagram to at every submit, so a
+    new job is placed at once rather than at the next poll (None = off; 0 = any free port)."""
     api_token: str | None = None
     """Admin credential of this bridge's own routes (None: open, for development)."""
     notify_token: str | None = None

@@ -103,11 +103,13 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
     token = secrets.token_urlsafe(16)
     token_file = work / "notify.token"
     token_file.write_text(token + "\n")
+    wake = free_port()
     bridge = Bridge(
         work,
         {
             "host": "127.0.0.1",
             "port": free_port(),
+            "wake_port": wake,
             "allocator_url": up.url("allocator"),
             "slurmrestd_url": slurm_cluster.rest_url,
             "jwt_user": "root",
@@ -118,7 +120,7 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
             "api_token": secrets.token_urlsafe(16),
         },
     )
-    slurm_cluster.notify_conf(bridge.url, token_file)
+    slurm_cluster.notify_conf(bridge.url, token_file, wake)
     bridge.start()
     s = Stack(slurm_cluster, up, bridge)
     try:

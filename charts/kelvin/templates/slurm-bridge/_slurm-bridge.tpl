@@ -32,6 +32,7 @@ the checks that fail the render early.
 {{- else -}}
 {{- $_ := set $out "token_file" $file -}}
 {{- end -}}
+{{- with $b.wakePort }}{{ $_ := set $out "wake_port" (int .) }}{{ end -}}
 {{- with $b.nodeNames }}{{ $_ := set $out "node_names" . }}{{ end -}}
 {{- with $b.nodeMap }}{{ $_ := set $out "node_map" . }}{{ end -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $b.config) -}}
