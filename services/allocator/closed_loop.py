@@ -120,6 +120,11 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
     samples = align(power, inlet, step)
     present = hall.present_mask
     local = getattr(args, "local", None)
+    if hall.sparse and not local:
+        raise ConfigError(
+            f"hall {hall.name!r} has a sparse D ({hall.n_nodes} nodes): fit it sparse with "
+            "--local RACKS[,ROWS] (a node's neighbourhood)"
+        )
     if local:
         d_full, fit = _local_fit(hall, samples, args.fit_supply, local, args.apply)
     else:
