@@ -203,6 +203,14 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
         np.testing.assert_allclose(live, written, rtol=1e-6, atol=1e-12)
         assert allocator.core.model_meta["source"] == "kelvin allocator calibrate"
         assert not np.allclose(live, hall.d_matrix)
+        # the same fit sparse, each row on its neighbourhood: written as a sparse hall file
+        keep = argv.index("--apply")
+        argv[keep:] = ["--local", "4,1", "--json"]
+        argv[argv.index("--out") + 1] = str(tmp_path / "local.yaml")
+        assert await asyncio.to_thread(run_cli) == 0
+        local = json.loads(out.read_text())
+        assert local["known"]["d_rel_frobenius"] < 0.15 and "expected" not in local
+        assert (tmp_path / "local.D.npz").exists()
     finally:
         await allocator.stop()
         await query.stop()
