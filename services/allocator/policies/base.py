@@ -11,9 +11,9 @@ Adding a policy: one module with a :func:`register`-ed subclass, one line in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,8 @@ class View:
     model: HallModel
     free: npt.NDArray[np.bool_]
     powers_w: Float64Array
+    memo: dict[str, Any] = field(default_factory=dict)
+    """What one decision computes once and several steps reuse (keyed by what it is)."""
 
     @cached_property
     def free_idx(self) -> IntArray:

@@ -38,7 +38,7 @@ from services.allocator.policies.base import (
     register,
 )
 
-GREEDY_WORK_LIMIT = 2_000_000
+GREEDY_WORK_LIMIT = 250_000
 """A greedy fill costs ``need x shell`` distance updates; above this (big jobs on big halls)
 the shell's nodes nearest to the inner ones are taken instead, one sort."""
 
@@ -237,17 +237,22 @@ def _greedy_fill(to_inner: Float64Array, among: Float64Array, need: int, heat: H
 
 
 def _nearest_fill(to_inner: Float64Array, need: int, heat: Heat) -> IntArray:
-    """The ``need`` shell nodes nearest to the inner nodes (ties: coolest alone, lowest)."""
+    """The ``need`` shell nodes nearest to the inner nodes (ties at the cut: coolest alone,
+    then lowest)."""
     near = np.round(to_inner, 9)
-    if heat is None:
-        return np.sort(np.argsort(near, kind="stable")[:need])
+    order = np.argsort(near, kind="stable")
+    if heat is None or need >= len(order):
+        return np.sort(order[:need])
+    cut = near[order[need - 1]]
+    tied = np.flatnonzero(near == cut)  # ascending positions: lowest first
+    before = order[:need][near[order[:need]] < cut]
+    if len(tied) <= need - len(before):
+        return np.sort(order[:need])
     h, inner, shell = heat
-    alone = np.empty(len(shell))
-    for a in range(0, len(shell), ShellHeat.MAX_TIES):
-        part = np.arange(a, min(a + ShellHeat.MAX_TIES, len(shell)))[:, None]
-        alone[a : a + len(part)] = h.peaks(inner, shell, part)
-    order = np.lexsort((np.arange(len(shell)), np.round(alone / PEAK_TOLERANCE_C), near))
-    return np.sort(order[:need])
+    tied = tied[: ShellHeat.MAX_TIES]
+    alone = h.peaks(inner, shell, tied[:, None])
+    best = tied[np.lexsort((tied, np.round(alone / PEAK_TOLERANCE_C)))]
+    return np.sort(np.r_[before, best[: need - len(before)]])
 
 
 @functools.lru_cache(maxsize=64)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -113,7 +114,27 @@ def _cheapest_within(
 def tie_costs(view: View, rise: Float64Array, n: int) -> Float64Array:
     """Stage 2's integer cost per free node: ``q_j M + j`` (total rise in mK, then index)."""
     free = view.free_idx
-    return total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
+    return _free_rise_mk(view, rise) * (n * view.model.n + 1) + free
+
+
+def _memo(view: View, what: str, rise: Float64Array, make: Any) -> Any:
+    """``make()`` once per decision and power rise (the shortcut and greedy share these)."""
+    hit = view.memo.get(what)
+    if hit is None or hit[0] is not rise:
+        hit = view.memo[what] = (rise, make())
+    return hit[1]
+
+
+def _columns(view: View, rise: Float64Array) -> _Columns:
+    cols: _Columns = _memo(view, "mpit-columns", rise, lambda: _Columns(view, rise))
+    return cols
+
+
+def _free_rise_mk(view: View, rise: Float64Array) -> Float64Array:
+    q: Float64Array = _memo(
+        view, "mpit-rise", rise, lambda: total_rise_mk(view, rise, view.free_idx)
+    )
+    return q
 
 
 def keeps_peak(view: View, rise: Float64Array, n: int) -> IntArray | None:
@@ -131,7 +152,7 @@ def _within_today(view: View, rise: Float64Array, n: int) -> tuple[IntArray | No
     """Stage 2's answer if t* were today's peak (or None), and whether it keeps today's peak."""
     now = float(view.inlet_c.max())
     cost = tie_costs(view, rise, n)
-    quick = _cheapest_within(view, rise, _Columns(view, rise), cost, n, now + PEAK_TOLERANCE_C)
+    quick = _cheapest_within(view, rise, _columns(view, rise), cost, n, now + PEAK_TOLERANCE_C)
     return quick, quick is not None and peak_after(view, rise, quick) <= now
 
 
@@ -199,9 +220,9 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     so stale heap keys are lower bounds; a popped node whose recomputed key is
     unchanged is the true minimum. Each step touches a few columns, not all.
     """
-    cols = _Columns(view, rise)
+    cols = _columns(view, rise)
     free, indptr, indices, data = cols.free, cols.indptr, cols.indices, cols.data
-    q = total_rise_mk(view, rise, free)
+    q = _free_rise_mk(view, rise)
     tin = view.inlet_c.copy()
     peak = float(tin.max())
     start = np.round(cols.peaks(tin, peak), 9)
