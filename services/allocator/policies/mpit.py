@@ -84,6 +84,16 @@ class _Columns:
         self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
         self.nonempty = np.diff(self.indptr) > 0
         self.starts = self.indptr[:-1][self.nonempty]
+        self._today: Float64Array | None = None
+        self.view = view
+
+    def today(self) -> Float64Array:
+        """:meth:`peaks` of today's inlets, floored at today's peak (the shortcut and greedy
+        both start from it)."""
+        if self._today is None:
+            tin = self.view.inlet_c
+            self._today = self.peaks(tin, float(tin.max()))
+        return self._today
 
     def peaks(self, tin: Float64Array, floor: float) -> Float64Array:
         """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
@@ -103,7 +113,7 @@ def _cheapest_within(
     n of them are feasible together they are stage 2's optimum: no MILP needed.
     This is the common case (a job that does not move the hall's hot spot).
     """
-    ok = np.flatnonzero(cols.peaks(view.inlet_c, float(view.inlet_c.max())) <= bound)
+    ok = np.flatnonzero(cols.today() <= bound)
     if len(ok) < n:
         return None
     pick = ok[np.argsort(cost[ok], kind="stable")[:n]]
@@ -225,7 +235,7 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     q = _free_rise_mk(view, rise)
     tin = view.inlet_c.copy()
     peak = float(tin.max())
-    start = np.round(cols.peaks(tin, peak), 9)
+    start = np.round(cols.today(), 9)
     # Heap entries (key, rank): rank orders the ties by (total rise, index), so two-element
     # tuples compare as the four-element (key, q, index, position) did, only faster.
     by_rank = np.lexsort((free, q))
