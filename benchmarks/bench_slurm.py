@@ -90,6 +90,7 @@ class Loop:
                 "poll_interval_s": 1.0,
                 "notify_token": secret,
             },
+            auth={"token_file": str(self.work / "auth" / "tokens.json")},
         )
         self.cluster.notify_conf(self.bridge.url, token, wake)
         self.bridge.start()
@@ -201,7 +202,9 @@ def _cooling(loop: Loop, count: int, nodes: int, policies: tuple[str, ...]) -> l
     for who in (*policies, "slurm"):
         loop.idle()
         if who != "slurm":
-            loop.allocator.put("/api/v1/policy", json={"policy": who}).raise_for_status()
+            loop.allocator.put(
+                "/api/v1/policy", json={"policy": who}, headers=loop.up.headers()
+            ).raise_for_status()
         time.sleep(3)  # the hall back at idle power in the stored readings
         t0 = time.time_ns()
         ids, submitted = [], {}

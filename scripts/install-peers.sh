@@ -10,11 +10,15 @@ have mosquitto_pub || need+=(mosquitto-clients)
 have influxd || need+=(influxdb)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have collectd || need+=(collectd-core)  # bench_pusher: the peer a site would run instead
 have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+have clickhouse-server || need+=(clickhouse-server)
+have clickhouse-client || need+=(clickhouse-client)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 # A real Slurm for the slurm bridge's tests (never slurm-wlm-emulator: it replaces these binaries)
 have slurmctld || need+=(slurmctld)
 have slurmd || need+=(slurmd)
@@ -23,6 +27,12 @@ have slurmrestd || need+=(slurmrestd)
 have munged || need+=(munge)
 [ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || [ -e /usr/lib/aarch64-linux-gnu/slurm-wlm/auth_jwt.so ] \
   || need+=(slurm-wlm-jwt-plugin)
+# `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
+if [ "${1:-}" = image ]; then
+  have podman || need+=(podman)
+  have runc || need+=(runc)
+  have debootstrap || need+=(debootstrap)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 NodeState = Literal["idle", "allocated", "drained", "draining", "down", "reserved", "completing"]
 FOREIGN = "slurm"
+NS = 1_000_000_000
 """``placed_by`` of a job the workload manager placed itself."""
 
 
@@ -163,6 +164,11 @@ def _follow_running(book: JobBook, r: JobIn, now_ns: int, result: SyncResult) ->
     nodes = sorted(set(r.nodes))
     job = book.jobs.get(r.id)
     if job is not None and job.state == "running":
+        if _more_exact(r.start_ns, job.started_ns):
+            # a start known to the nanosecond now (the prolog's notification came later)
+            job.started_ns = r.start_ns
+            book.emit("start_time", job)
+            result.changed = True
         held = state.jobs[job.id].tolist()
         if held == nodes:
             return
@@ -208,6 +214,14 @@ def _follow_running(book: JobBook, r: JobIn, now_ns: int, result: SyncResult) ->
         job.started_ns = r.start_ns or now_ns
         book.emit("started", job)
     result.changed = True
+
+
+def _more_exact(new: int | None, old: int | None) -> bool:
+    """Whether ``new`` refines ``old``: a whole second (Slurm's) replaced by a time within it
+    known to the nanosecond (never the other way, e.g. after the bridge restarted)."""
+    if not new or not old or new == old:
+        return False
+    return old % NS == 0 and new % NS != 0 and abs(new - old) < 5 * NS
 
 
 def _mark_unavailable(state: HallState, report: ClusterIn) -> None:

@@ -70,7 +70,8 @@ class ExternalJobsError(KelvinError):
 
 
 Listener = Callable[[str, Job], None]
-"""Called with ("started" | "finished" | "cancelled" | "rejected", job)."""
+"""Called with ("started" | "finished" | "cancelled" | "rejected", job), and "start_time" when
+a workload manager reports a running job's start more exactly."""
 
 
 class JobBook:

@@ -78,6 +78,7 @@ class AllocatorCore:
         self.book = JobBook(
             HallModel(hall, reliability), self.allocator, settings.history, self.external
         )
+        self._placed_ns = 0
         self.last_sync_ns: int | None = None
         """When the workload manager last reported (external mode)."""
         self.book.listeners.append(self._on_job)
@@ -204,6 +205,10 @@ class AllocatorCore:
         self.changed.set()
 
     def _on_job(self, event: str, job: Job) -> None:
+        if event == "start_time":  # a more exact start: the job record again, nothing else
+            nodes = [node_name(self.book.model.hall, i) for i in job.nodes]
+            self.publisher.offer_job(job.id, job.started_ns or 0, 0, nodes, job.user)
+            return
         self.metrics.jobs.labels(event).inc()
         if event == "started" or job.started_ns is not None:
             hall = self.book.model.hall
@@ -217,10 +222,11 @@ class AllocatorCore:
             number = re.sub(r"\D", "", job.id)
             if number and len(number) <= 15:  # exact in a float64
                 by = job.placed_by or "unknown"
+                # at the moment it is announced, not at the job's start: two jobs starting in
+                # the same (whole) second must not overwrite each other's reading
+                self._placed_ns = max(time.time_ns(), self._placed_ns + 1)
                 self.publisher.offer_values(
-                    job.started_ns or time.time_ns(),
-                    {by: float(number)},
-                    f"{self.settings.sensor_prefix}/placed",
+                    self._placed_ns, {by: float(number)}, f"{self.settings.sensor_prefix}/placed"
                 )
 
     # ---------------------------------------------------------------- views

@@ -36,10 +36,14 @@ class SensorMetadata(BaseModel):
 
     Accepts DCDB's camelCase keys (``publicName``, ``ttl``, ``interval``,
     ``isVirtual``) and Kelvin's snake_case ones; values may be strings or
-    numbers, as DCDB pushers send either.
+    numbers, as DCDB pushers send either. A NaN or infinite number is refused on
+    every path that builds one (MQTT metadata topic, ``PUT /api/v1/metadata``, a
+    pusher's configuration): a NaN scale would turn every later reading into null.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(
+        populate_by_name=True, extra="ignore", frozen=True, allow_inf_nan=False
+    )
 
     name: str
     public_name: str | None = Field(
@@ -121,6 +125,13 @@ class JobRecord(BaseModel):
     @classmethod
     def _str(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) else v
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes(cls, v: Any) -> Any:
+        # boost::property_tree (DCDB's dcdbslurmjob) writes an empty node list, as every
+        # stop record and a start without nodes carry, as "" rather than [].
+        return () if v == "" or v is None else v
 
     @field_validator("end_ns", mode="before")
     @classmethod

@@ -14,16 +14,22 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.common.auth import Credentials, Role
-from services.common.errors import KelvinError, SensorNameError, TimeSpecError
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.auth_settings import ServiceAuth, service_auth
+from services.common.errors import (
+    KelvinError,
+    RetryableStorageError,
+    SensorNameError,
+    TimeSpecError,
+)
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
-from services.common.storage import StorageBackend, open_storage
+from services.common.storage import StorageBackend, create_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
-from services.query_api.context import ApiContext
+from services.query_api.context import READY, ApiContext
+from services.query_api.limits import HeavyQueryGate
 from services.query_api.routes import grafana, jobs, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
@@ -38,7 +44,7 @@ def _reason(exc: KelvinError) -> str:
     from services.query_api.spec import SpecError
     from services.query_api.units import UnitError
     from services.query_api.virtual.define import DefinitionError
-    from services.query_api.virtual.parser import ExpressionError
+    from services.query_api.virtual.parser import ExpressionError, ExpressionTooDeep
 
     reasons: list[tuple[type[Exception], str]] = [
         (TimeSpecError, "bad_time"),
@@ -46,6 +52,7 @@ def _reason(exc: KelvinError) -> str:
         (SpecError, "bad_spec"),
         (UnitError, "bad_unit"),
         (QueryError, "bad_query"),
+        (ExpressionTooDeep, "too_deep"),
         (ExpressionError, "bad_expression"),
         (DefinitionError, "bad_definition"),
     ]
@@ -62,9 +69,15 @@ def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
 
 
 def create_app(
-    settings: Settings, metrics: ServiceMetrics, ctx: ApiContext | None = None
+    settings: Settings,
+    metrics: ServiceMetrics,
+    ctx: ApiContext | None = None,
+    auth: ServiceAuth | None = None,
 ) -> FastAPI:
-    """The ASGI app; ``ctx`` carries the storage (attached later by the service)."""
+    """The ASGI app; ``ctx`` carries the storage (attached later by the service).
+
+    Without ``auth`` every route that needs a role refuses (nothing is open by accident).
+    """
     ctx = ctx or ApiContext(settings, metrics)
     app = FastAPI(
         title="Kelvin query API",
@@ -73,10 +86,20 @@ def create_app(
         "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
     )
     app.state.ctx = ctx
+    app.add_middleware(
+        HeavyQueryGate,
+        max_heavy=settings.max_heavy_queries,
+        wait_s=settings.heavy_query_wait_s,
+        memory_bytes=settings.response_memory_bytes,
+        refused=ctx.metrics.refused,
+        spilled=ctx.metrics.spilled,
+    )
+    if auth is not None:
+        install_auth(app, auth, metrics)
     install_handlers(app, ctx)
 
     def ready() -> tuple[bool, str]:
-        return (ctx._storage is not None, "storage open" if ctx._storage else "storage not open")
+        return ctx.readiness
 
     app.include_router(health_router(metrics, ready))
     app.include_router(sensors.router(ctx))
@@ -85,20 +108,8 @@ def create_app(
     app.include_router(prometheus.router(ctx))
     app.include_router(grafana.router(ctx))
     app.include_router(jobs.router(ctx))
-    if not hasattr(app.state, "credentials"):
-        app.state.credentials = lambda: _credentials(ctx.settings)
     console.mount(app)
     return app
-
-
-def _credentials(settings: Settings) -> Credentials:
-    """Roles for the routes declared with ``requires``, from ``token``/``protect_reads``
-    (the same rule as the routes that still use ``bearer``): ``token`` is the admin
-    credential; reads are open unless ``protect_reads``; no token: all open."""
-    if not settings.token:
-        return Credentials(open_roles=frozenset(Role))
-    opened = [] if settings.protect_reads else [Role.READ]
-    return Credentials.from_roles({Role.ADMIN: [settings.token]}, open_roles=opened)
 
 
 DEMO_VIRTUAL_SENSORS = {
@@ -114,9 +125,14 @@ class QueryApiService(HttpService):
     """Opens storage before serving; closes it after the HTTP server stopped."""
 
     def __init__(
-        self, settings: Settings, storage_settings: StorageSettings, profile: str = "run"
+        self,
+        settings: Settings,
+        storage_settings: StorageSettings,
+        profile: str = "run",
+        auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
         self.wanted_virtual = dict(settings.virtual_sensors)
         if profile == "demo":
             self.wanted_virtual = {**DEMO_VIRTUAL_SENSORS, **self.wanted_virtual}
@@ -124,22 +140,66 @@ class QueryApiService(HttpService):
         """Defines ``virtual_sensors`` (and the demo's); done once all of them exist."""
         self.storage_settings = storage_settings
         self.metrics = ServiceMetrics("query_api")
-        self.ctx = ApiContext(settings, self.metrics)
+        self.ctx = ApiContext(settings, self.metrics, auth=auth)
         super().__init__(
             "query-api",
-            create_app(settings, self.metrics, self.ctx),
+            create_app(settings, self.metrics, self.ctx, auth),
             settings.host,
             settings.port,
             "--query-api-port",
+            metrics=self.metrics,
         )
         self.storage: StorageBackend | None = None
+        self.watcher: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        self.storage = await open_storage(self.storage_settings)
+        self.storage = create_storage(self.storage_settings)
+        try:
+            await self.storage.open()
+        except (RetryableStorageError, OSError) as exc:
+            # Storage down at start is no reason to exit (a crash loop): serve, answer
+            # 503, report not ready, and keep trying in the background.
+            log.warning("storage not reachable at start (%s); serving, not ready", exc)
+            self.ctx.readiness = (False, f"storage not reachable: {exc}")
+        else:
+            self._attached()
+        self.watcher = asyncio.create_task(self._watch_storage(), name="storage-watch")
+
+    def _attached(self) -> None:
+        assert self.storage is not None
         self.ctx.attach(self.storage)
         self.metrics.up.set(1)
         if self.wanted_virtual:
             self.definer = asyncio.create_task(self._define_configured(), name="virtual-definer")
+
+    async def _watch_storage(self) -> None:
+        """Open storage if it was down at start, then ping it: ``/readyz`` follows."""
+        assert self.storage is not None
+        storage, every = self.storage, self.settings.storage_check_s
+        delay = min(0.1, every)
+        while self.ctx._storage is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, every)
+            try:
+                await storage.open()
+            except (RetryableStorageError, OSError) as exc:
+                self.ctx.readiness = (False, f"storage not reachable: {exc}")
+                continue
+            log.info("storage reachable: open")
+            self._attached()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                ok = await asyncio.wait_for(storage.ping(), timeout=max(every, 1.0))
+            except Exception:  # a hung or failing ping: storage is not reachable
+                ok = False
+            if ok != self.ctx.readiness[0]:
+                log.log(
+                    logging.INFO if ok else logging.WARNING,
+                    "storage %s",
+                    "answers again: ready" if ok else "does not answer its ping: not ready",
+                )
+            self.ctx.readiness = READY if ok else (False, "storage does not answer its ping")
 
     async def _define_configured(self) -> None:
         """Define configured virtual sensors, retrying those whose inputs do not exist yet."""
@@ -163,6 +223,11 @@ class QueryApiService(HttpService):
                 await asyncio.sleep(self.settings.virtual_retry_s)
 
     async def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watcher
+            self.watcher = None
         if self.definer is not None:
             self.definer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -188,4 +253,6 @@ def _differs(old: dict[str, Any], spec: VirtualIn) -> bool:
 
 
 def create_service(config: Config) -> QueryApiService:
-    return QueryApiService(config.load(Settings), config.load(StorageSettings), config.profile)
+    settings = config.load(Settings)
+    auth = service_auth(config, settings.host, "query API")
+    return QueryApiService(settings, config.load(StorageSettings), config.profile, auth)

@@ -14,7 +14,7 @@ import numpy as np
 from services.common.errors import KelvinError, NotFoundError
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.storage.base import StorageBackend
-from services.query_api import operations, units
+from services.query_api import limits, operations, units
 from services.query_api.catalog import Catalog
 from services.query_api.spec import TRANSFORMS, Modifier, Spec
 
@@ -55,11 +55,17 @@ class Reader:
         self.storage, self.catalog, self.virtual = storage, catalog, virtual
         self.max_points = max_points
 
-    async def series(self, name: str, start_ns: int, end_ns: int) -> Series:
-        """Readings of a stored or virtual sensor in ``[start_ns, end_ns)``."""
+    async def series(self, name: str, start_ns: int, end_ns: int, streamed: bool = False) -> Series:
+        """Readings of a stored or virtual sensor in ``[start_ns, end_ns)``, charged to the
+        request's memory budget unless ``streamed`` (a slice let go once sent)."""
         if self.virtual is not None and await self.catalog.virtual(name) is not None:
-            return await self.virtual.evaluate(name, start_ns, end_ns)
-        return await self.storage.read(name, start_ns, end_ns)
+            series = await self.virtual.evaluate(name, start_ns, end_ns)
+            if not streamed:
+                limits.charge(len(series), name)
+            return series
+        if streamed:
+            return await self.storage.read(name, start_ns, end_ns)
+        return await limits.read_within(self.storage, name, start_ns, end_ns)
 
     async def resolve(self, spec: Spec) -> list[str]:
         """The sensors a specification names; NotFoundError when there are none."""
@@ -87,6 +93,10 @@ class Reader:
             raise QueryError(f"interval must be positive, got {interval_ns} ns")
         out = []
         for name in await self.resolve(spec):
+            rolled = await self._rolled_up(spec, name, start_ns, end_ns, interval_ns, bucket)
+            if rolled is not None:
+                out.append(rolled)
+                continue
             raw = await self.series(name, start_ns, end_ns)
             if len(raw) > self.max_points:
                 raise QueryError(
@@ -96,6 +106,28 @@ class Reader:
             unit = await self.catalog.unit(name) or ""
             out.append(apply(spec, name, unit, raw, start_ns, interval_ns, bucket))
         return out
+
+    async def _rolled_up(
+        self,
+        spec: Spec,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        interval_ns: int | None,
+        bucket: str,
+    ) -> Result | None:
+        """A plain resample of a stored sensor answered from the backend's rollups, if it
+        has any that fit (same buckets as :func:`operations.aggregate` on the readings)."""
+        if interval_ns is None or spec.operations or spec.input_mod is not None:
+            return None
+        if self.virtual is not None and await self.catalog.virtual(name) is not None:
+            return None
+        got = await self.storage.read_aggregated(name, start_ns, end_ns, interval_ns, bucket)
+        if got is None:
+            return None
+        unit = "" if bucket == "count" else await self.catalog.unit(name) or ""
+        vs, unit = _modify(got.values, unit, spec.output_mod, name)
+        return Result(name, bucket, unit, got.timestamps_ns, np.asarray(vs, dtype=np.float64))
 
 
 def apply(

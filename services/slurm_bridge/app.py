@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 from fastapi import FastAPI
 
 from services.common.auth import Credentials, Role
+from services.common.auth_settings import ServiceAuth, service_auth
 from services.common.errors import PortInUseError
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.settings import Config
 from services.slurm_bridge import api
 from services.slurm_bridge.allocator import AllocatorClient
@@ -32,22 +34,26 @@ def slurm_client(s: Settings) -> SlurmClient:
     return RestClient(s.slurmrestd_url, tokens, s.slurmrestd_version, s.slurm_timeout_s, parts)
 
 
-def credentials(s: Settings) -> Credentials:
-    """``api_token`` is the admin credential, ``notify_token`` the prolog's (write); without
-    either every role is open (development)."""
-    if not (s.api_token or s.notify_token):
-        return Credentials(open_roles=frozenset(Role))
-    return Credentials.from_roles({Role.ADMIN: [s.api_token], Role.WRITE: [s.notify_token]})
+def with_notify_token(auth: ServiceAuth, token: str | None) -> ServiceAuth:
+    """The shared credentials plus ``notify_token`` as one more write credential: the one
+    slurmctld's kelvin-notify.sh holds, good for nothing but notifying."""
+    if not token:
+        return auth
+    creds = auth.credentials
+    extra = Credentials({**creds.tokens, token: Role.WRITE}, creds.open_roles)
+    return dataclasses.replace(auth, credentials=extra)
 
 
-def create_app(rec: Reconciler, metrics: BridgeMetrics) -> FastAPI:
+def create_app(rec: Reconciler, metrics: BridgeMetrics, auth: ServiceAuth | None = None) -> FastAPI:
+    """The bridge's ASGI app; without ``auth`` every route that needs a role refuses."""
     app = FastAPI(
         title="Kelvin Slurm bridge",
         version="0.1.0",
         description="Places a Slurm cluster's jobs where Kelvin's allocator chooses.",
     )
+    if auth is not None:
+        install_auth(app, with_notify_token(auth, rec.settings.notify_token), metrics)
     install_error_handlers(app)
-    app.state.credentials = credentials(rec.settings)
 
     def ready() -> tuple[bool, str]:
         return bool(rec.status.get("ready")), str(rec.status.get("reason"))
@@ -76,20 +82,21 @@ class _Wake(asyncio.DatagramProtocol):
 class SlurmBridgeService(HttpService):
     """HTTP (health, metrics, notifications) + the UDP wake-up + the reconcile loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, auth: ServiceAuth | None = None) -> None:
         self.settings = settings
         self.metrics = BridgeMetrics()
         self.slurm = slurm_client(settings)
-        self.allocator = AllocatorClient(
-            settings.allocator_url, settings.allocator_token, settings.slurm_timeout_s
-        )
+        # the allocator's admin credential: the configured one, else the shared auth section's
+        token = settings.allocator_token or (auth.token(Role.ADMIN) if auth else None)
+        self.allocator = AllocatorClient(settings.allocator_url, token, settings.slurm_timeout_s)
         self.reconciler = Reconciler(settings, self.slurm, self.allocator, self.metrics)
         super().__init__(
             "slurm-bridge",
-            create_app(self.reconciler, self.metrics),
+            create_app(self.reconciler, self.metrics, auth),
             settings.host,
             settings.port,
             "--slurm-bridge-port",
+            metrics=self.metrics,
         )
         self._task: asyncio.Task[object] | None = None
         self._udp: asyncio.DatagramTransport | None = None
@@ -129,4 +136,5 @@ class SlurmBridgeService(HttpService):
 
 
 def create_service(config: Config) -> SlurmBridgeService:
-    return SlurmBridgeService(config.load(Settings))
+    settings = config.load(Settings)
+    return SlurmBridgeService(settings, service_auth(config, settings.host, "slurm-bridge"))

@@ -55,6 +55,8 @@ NOTIFIED_KEEP = 10_000
 """Notification times kept (oldest forgotten first)."""
 NOTIFY_MATCH_NS = 5 * NS
 MIN_ROUND_GAP_S = 0.02
+END_GRACE_NS = 2 * NS
+"""How long after Slurm's (whole-second) end an ended job waits for the epilog's exact time."""
 """A notification this close to Slurm's (whole-second) start or end time gives its exact time."""
 
 
@@ -195,12 +197,13 @@ class Reconciler:
             if n.name in nm.index_of
         ]
         jobs: list[dict[str, Any]] = []
+        now_ns = time.time_ns()
         for j in snap.jobs:
             idx = nm.indices(j.nodes)
             if not idx or j.pending:
                 continue
             doc = self._job_doc(j, placing)
-            if j.active:
+            if j.active or self._end_due(j, now_ns):
                 jobs.append(
                     {
                         **doc,
@@ -217,6 +220,13 @@ class Reconciler:
             for j in sorted((j for j in snap.jobs if j.pending and j.managed), key=_order):
                 jobs.append({**self._job_doc(j, True), "state": "pending", "size": j.size})
         return {"source": "slurm", "nodes": nodes, "jobs": jobs}
+
+    def _end_due(self, j: SlurmJob, now_ns: int) -> bool:
+        """An ended job whose exact end (the epilog's notification) may still be on its way:
+        reported running a moment longer, rather than ended at Slurm's whole second."""
+        if j.end_s is None or "end" in self.notified.get(j.id, {}):
+            return False
+        return now_ns - j.end_s * NS < END_GRACE_NS
 
     @staticmethod
     def _job_doc(j: SlurmJob, placing: bool) -> dict[str, Any]:

@@ -24,7 +24,8 @@ class Settings(SectionSettings):
     allocator_url: str = "http://127.0.0.1:8083"
     """The allocator (``allocator.cluster: external``) that places the jobs."""
     allocator_token: str | None = None
-    """The allocator's admin credential (set it through ``KELVIN_SLURM_BRIDGE_ALLOCATOR_TOKEN``)."""
+    """The allocator's admin credential (``KELVIN_SLURM_BRIDGE_ALLOCATOR_TOKEN``); None = the
+    shared ``auth`` section's admin token."""
     mode: Literal["place", "release", "observe"] = "place"
     """place: Kelvin chooses every managed job's nodes; release: held jobs are released as
     they are, Slurm places them (roll-back, or Slurm's placement to compare with); observe:
@@ -65,7 +66,7 @@ class Settings(SectionSettings):
     wake_port: int | None = Field(None, ge=0, le=65535)
     """UDP port the shipped job_submit.lua sends a wake-up datagram to at every submit, so a
     new job is placed at once rather than at the next poll (None = off; 0 = any free port)."""
-    api_token: str | None = None
-    """Admin credential of this bridge's own routes (None: open, for development)."""
     notify_token: str | None = None
-    """Credential the shipped PrologSlurmctld/EpilogSlurmctld script sends (write role)."""
+    """One more write credential, for the shipped PrologSlurmctld/EpilogSlurmctld script on the
+    controller (so it needs no shared token); the bridge's routes take the shared ``auth``
+    section's tokens too."""

@@ -191,3 +191,14 @@ def test_a_completing_job_gives_back_its_nodes_one_by_one_and_keeps_its_record()
     assert book.jobs["4"].nodes == [0, 1, 2]
     sync(book, _report([{**running, "state": "ended", "end_ns": 9}]), 3)
     assert book.get("4").nodes == [0, 1, 2] and book.state.free[[0, 1, 2]].all()
+
+
+def test_a_start_known_more_exactly_later_corrects_the_jobs_record() -> None:
+    book, events = _book()
+    running = {"id": "6", "state": "running", "nodes": [3], "start_ns": 5_000_000_000}
+    sync(book, _report([running]), 1)
+    sync(book, _report([{**running, "start_ns": 4_723_456_789}]), 2)
+    assert book.jobs["6"].started_ns == 4_723_456_789
+    sync(book, _report([running]), 3)  # the bridge restarted: only Slurm's second again
+    assert book.jobs["6"].started_ns == 4_723_456_789
+    assert events == [("started", "6"), ("start_time", "6")]

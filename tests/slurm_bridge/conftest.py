@@ -117,8 +117,9 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
             "node_names": f"n[01-{HALL_NODES:02d}]",
             "poll_interval_s": 1.0,
             "notify_token": token,
-            "api_token": secrets.token_urlsafe(16),
         },
+        # the tokens `kelvin up` generated: the bridge calls the allocator as its admin
+        auth={"token_file": str(work / "auth" / "tokens.json")},
     )
     slurm_cluster.notify_conf(bridge.url, token_file, wake)
     bridge.start()

@@ -280,9 +280,13 @@ PartitionName=direct Nodes=ALL MaxTime=INFINITE State=UP
 class Bridge:
     """One ``kelvin run slurm-bridge`` process; its log lines are kept across restarts."""
 
-    def __init__(self, workdir: Path, settings: dict[str, Any]) -> None:
+    def __init__(
+        self, workdir: Path, settings: dict[str, Any], auth: dict[str, Any] | None = None
+    ) -> None:
         self.workdir = workdir
         self.settings = settings
+        self.auth = auth or {}
+        """Its ``auth`` section (e.g. the token file of the ``kelvin up`` it works with)."""
         self.port = int(settings["port"])
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -290,7 +294,8 @@ class Bridge:
 
     def start(self, **changes: Any) -> Bridge:
         conf = self.workdir / f"bridge-{self.runs}.yaml"
-        conf.write_text(yaml.safe_dump({"slurm_bridge": {**self.settings, **changes}}))
+        doc = {"slurm_bridge": {**self.settings, **changes}, "auth": self.auth}
+        conf.write_text(yaml.safe_dump({k: v for k, v in doc.items() if v}))
         self.log = self.workdir / f"bridge-{self.runs}.log"
         self.runs += 1
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

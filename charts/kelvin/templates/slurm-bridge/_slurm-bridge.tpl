@@ -39,10 +39,11 @@ the checks that fail the render early.
 {{- toYaml $out -}}
 {{- end }}
 
-{{/* slurmrestd's URL and the notify token from the Secret; the allocator's admin token. */}}
+{{/* slurmrestd's URL and the notify token from the Secret; the admin token in plain (the
+bridge sends it to the allocator), the others as verifiers. */}}
 {{- define "kelvin.slurmBridgeEnv" -}}
 {{- $b := .Values.slurmBridge }}
-{{- $auth := .Values.auth }}
+{{- include "kelvin.authEnv" (dict "root" . "sends" (list "admin")) }}
 - name: KELVIN_SLURM_BRIDGE_SLURMRESTD_URL
   valueFrom:
     secretKeyRef:
@@ -54,7 +55,6 @@ the checks that fail the render early.
       name: {{ include "kelvin.slurmBridgeSecretName" . | quote }}
       key: {{ $b.notifyTokenKey | quote }}
       optional: true
-{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_SLURM_BRIDGE_ALLOCATOR_TOKEN" "existing" $auth.existingSecret "key" $auth.allocatorTokenKey "inline" $auth.allocatorToken) }}
 {{- end }}
 
 {{- define "kelvin.slurmBridgeMounts" -}}
