@@ -53,13 +53,23 @@ class Loop:
     """The cluster, ``kelvin up`` and the bridge, with the stream helpers."""
 
     def __init__(self, nodes: int) -> None:
-        from tests.support.kelvin import KelvinUp
-        from tests.support.servers import free_port
-        from tests.support.slurm import Bridge, SlurmCluster
+        from tests.support.slurm import SlurmCluster
 
         self.work = Path(tempfile.mkdtemp(prefix="kelvin-bench-slurm-"))
         os.chmod(self.work, 0o777)  # job scripts (as root) write their start times here
-        self.cluster = SlurmCluster(nodes).start()
+        self.cluster = SlurmCluster(nodes)
+        try:
+            self._start(nodes)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, nodes: int) -> None:
+        from tests.support.kelvin import KelvinUp
+        from tests.support.servers import free_port
+        from tests.support.slurm import Bridge
+
+        self.cluster.start()
         hall = str(_hall(self.work, nodes))
         conf = self.work / "kelvin.yaml"
         conf.write_text(
@@ -98,9 +108,10 @@ class Loop:
         self.query = httpx.Client(base_url=self.up.url("query_api"), timeout=60)
 
     def close(self) -> None:
-        self.bridge.stop()
-        self.up.stop()
-        self.cluster.stop()
+        """Stop whatever of it started."""
+        for part in ("bridge", "up", "cluster"):
+            if hasattr(self, part):
+                getattr(self, part).stop()
         shutil.rmtree(self.work, ignore_errors=True)
 
     def submit(self, nodes: int, seconds: float, kelvin: bool) -> tuple[str, int]:
