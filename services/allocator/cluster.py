@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 NodeState = Literal["idle", "allocated", "drained", "draining", "down", "reserved", "completing"]
 FOREIGN = "slurm"
 NS = 1_000_000_000
+STALE_RUNNING_S = 30.0
+"""A job reported running within this long after it ended here is a stale report (a requeued
+job that runs again later is followed as usual)."""
 """``placed_by`` of a job the workload manager placed itself."""
 
 
@@ -163,6 +166,10 @@ def _follow_running(book: JobBook, r: JobIn, now_ns: int, result: SyncResult) ->
     state = book.state
     nodes = sorted(set(r.nodes))
     job = book.jobs.get(r.id)
+    if job is None and book.ended_within(r.id, STALE_RUNNING_S):
+        # It ended here a moment ago: a report that still shows it running is older than ours
+        # (a bridge restarted while the job completed), not a job on those nodes again.
+        return
     if job is not None and job.state == "running":
         if _more_exact(r.start_ns, job.started_ns):
             # a start known to the nanosecond now (the prolog's notification came later)

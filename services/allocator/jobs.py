@@ -14,7 +14,8 @@ starts and ends jobs as the manager reports them.
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from services.allocator.state import HallState
 from services.common.errors import KelvinError, NotFoundError
 
 NS = 1_000_000_000
+ENDED_KEPT = 10_000
 MAX_RUNTIME_S = 1e9
 """Longest runtime a job may ask for (~31 years); past ~1e299 s its end in ns is not finite."""
 
@@ -88,6 +90,8 @@ class JobBook:
         self.history: deque[Job] = deque(maxlen=max(history, 1))
         self.next_id = 1
         self.listeners: list[Listener] = []
+        self.ended: OrderedDict[str, float] = OrderedDict()
+        """Jobs that ended recently, with when (monotonic s): a late report of one is stale."""
         self.decisions: list[Decision] = []
         """Decisions since the caller last cleared the list (for metrics)."""
 
@@ -218,7 +222,15 @@ class JobBook:
         job.state, job.finished_ns = how, now_ns
         self.jobs.pop(job.id, None)
         self.history.append(job)
+        self.ended[job.id] = time.monotonic()
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
         self._emit(how, job)
+
+    def ended_within(self, job_id: str, seconds: float) -> bool:
+        """Whether ``job_id`` ended here less than ``seconds`` ago (by this process's clock)."""
+        at = self.ended.get(job_id)
+        return at is not None and time.monotonic() - at < seconds
 
     def _emit(self, event: str, job: Job) -> None:
         for listener in self.listeners:

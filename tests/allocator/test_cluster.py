@@ -202,3 +202,19 @@ def test_a_start_known_more_exactly_later_corrects_the_jobs_record() -> None:
     sync(book, _report([running]), 3)  # the bridge restarted: only Slurm's second again
     assert book.jobs["6"].started_ns == 4_723_456_789
     assert events == [("started", "6"), ("start_time", "6")]
+
+
+def test_a_job_reported_running_again_just_after_it_ended_is_a_stale_report() -> None:
+    """A restarted bridge has lost the epilog's exact end and reports the job a moment longer."""
+    book, events = _book()
+    old = {"id": "35", "state": "running", "nodes": [0, 1, 2, 3]}
+    sync(book, _report([old]), 1)
+    sync(book, _report([{**old, "state": "ended", "end_ns": 7}]), 2)
+    # 38 on 35's old nodes, as the allocator would place it once they are free
+    sync(book, _report([_pending("38", 4)]), 3)
+    book.state.release("38")
+    book.state.place("38", [0, 1, 2, 3], 3500.0)
+    book.jobs["38"].nodes = placed = [0, 1, 2, 3]
+    again = sync(book, _report([old, _pending("38", 4)]), 4)
+    assert again.placements[0].nodes == placed and "35" not in book.jobs
+    assert events.count(("started", "35")) == 1
