@@ -82,19 +82,6 @@ Storage credentials for the containers that open storage (collect agent, query A
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
 {{- include "kelvin.authEnv" (dict "root" .) }}
-{{- /* Until the pusher reads the shared auth section itself, its REST API takes the admin
-token's verifier (with an existingSecret, the token itself). */}}
-{{- if eq .Values.auth.mode "token" }}
-- name: KELVIN_PUSHER_TOKEN
-{{- if .Values.auth.existingSecret }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ tpl .Values.auth.existingSecret . | quote }}
-      key: {{ .Values.auth.adminTokenKey | quote }}
-{{- else }}
-  value: {{ printf "sha256:%s" (include "kelvin.generated" (dict "root" . "key" .Values.auth.adminTokenKey) | sha256sum) | quote }}
-{{- end }}
-{{- end }}
 {{- end }}
 
 {{/* The allocator: its token verifiers (it reads the query API: the read token), and the pushers' MQTT login for its decision sensors. */}}
