@@ -38,15 +38,24 @@ SERVICES: dict[str, str] = {
     "query-api": "services.query_api.app",
     "allocator": "services.allocator.app",
     "pusher": "services.pusher.app",
+    "slurm-bridge": "services.slurm_bridge.app",
 }
 """CLI name -> module with ``create_service(config) -> Service``, in ``kelvin up`` start order."""
 
-SECTIONS = {"storage", "logging", "auth", "collect_agent", "query_api", "allocator", "pusher"}
-HTTP_SECTIONS = ("collect_agent", "query_api", "allocator", "pusher")
+UP_WHEN_CONFIGURED = {"slurm-bridge": "slurm_bridge"}
+"""Services ``kelvin up`` starts only when the configuration has their section."""
+
+SECTIONS = {
+    "storage", "logging", "auth", "collect_agent", "query_api", "allocator", "pusher",
+    "slurm_bridge",
+}  # fmt: skip
+HTTP_SECTIONS = ("collect_agent", "query_api", "allocator", "pusher", "slurm_bridge")
 
 TOOL_MODULES = (
     "services.query_api.cli",
+    "services.query_api.cli_jobs",
     "services.allocator.cli",
+    "services.slurm_bridge.cli",
     "services.pusher.cli",
     "services.collect_agent.cli",
     "services.common.storage.cli",
@@ -93,6 +102,12 @@ def _service_flags(p: argparse.ArgumentParser, up: bool) -> None:
     )
     g.add_argument(
         "--allocator-port", type=int, metavar="PORT", help="allocator HTTP port (default 8083)"
+    )
+    g.add_argument(
+        "--slurm-bridge-port",
+        type=int,
+        metavar="PORT",
+        help="Slurm bridge HTTP port (default 8084)",
     )
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
     if up:
@@ -161,18 +176,11 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
         )
     if args.allocator_port is not None:
         cfg.set("allocator", "port", args.allocator_port, "--allocator-port")
-        cfg.set(
-            "query_api",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
-        cfg.set(
-            "pusher",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
+        for client in ("query_api", "pusher", "slurm_bridge"):
+            url = f"http://{loop_host}:{args.allocator_port}"
+            cfg.set(client, "allocator_url", url, "--allocator-port")
+    if args.slurm_bridge_port is not None:
+        cfg.set("slurm_bridge", "port", args.slurm_bridge_port, "--slurm-bridge-port")
     if args.log_level:
         cfg.set("logging", "level", args.log_level, "--log-level")
     if getattr(args, "policy", None):
@@ -271,7 +279,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     cfg = build_config(args, "demo" if args.demo else "up")
-    return _start(list(SERVICES), cfg)
+    names = [
+        n for n in SERVICES if n not in UP_WHEN_CONFIGURED or UP_WHEN_CONFIGURED[n] in cfg.data
+    ]
+    return _start(names, cfg)
 
 
 def _start(names: Sequence[str], cfg: Config) -> int:

@@ -91,8 +91,17 @@ class DecisionPublisher:
         batch = Batch.from_rows(names, np.full(len(names), ts_ns), list(values.values()))
         self._offer(*codec.encode_batch(base, batch))
 
-    def offer_job(self, job_id: str, start_ns: int, end_ns: int, nodes: list[str]) -> None:
-        doc = {"jobid": job_id, "starttime": start_ns, "endtime": end_ns, "nodes": nodes}
+    def offer_job(
+        self, job_id: str, start_ns: int, end_ns: int, nodes: list[str], user: str | None = None
+    ) -> None:
+        doc: dict[str, object] = {
+            "jobid": job_id,
+            "starttime": start_ns,
+            "endtime": end_ns,
+            "nodes": nodes,
+        }
+        if user:
+            doc["userid"] = user
         self._offer(codec.JOBDATA_PREFIX, json.dumps(doc).encode())
 
     def _offer(self, topic: str, payload: bytes) -> None:

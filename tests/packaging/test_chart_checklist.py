@@ -22,6 +22,7 @@ from tests.packaging.chart import (
     Obj,
     Rendered,
     containers,
+    is_enabled,
     pod_specs,
 )
 from tests.packaging.conftest import VALUES
@@ -126,9 +127,7 @@ def test_kelvin_containers_run_kelvin_run_component(rendered: Rendered) -> None:
     from services.cli import build_parser
 
     for component in COMPONENTS:
-        if component in ("pusher", "allocator") and not rendered.values.get(
-            "pusher" if component == "pusher" else "allocator", {}
-        ).get("enabled", True):
+        if not is_enabled(rendered, component):
             continue
         (c,) = containers(rendered.workload(component)["spec"]["template"]["spec"])
         assert "command" not in c, "command would bypass the image's entrypoint (kelvin)"

@@ -133,6 +133,11 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- if $v.pusher.enabled -}}
 {{- $_ := set $cfg "pusher" (include "kelvin.pusherConfig" . | fromYaml) -}}
 {{- end -}}
+{{- if $v.slurmBridge.enabled -}}
+{{- $_ := set $cfg "slurm_bridge" (include "kelvin.slurmBridgeConfig" . | fromYaml) -}}
+{{- /* the allocator then follows Slurm (docs/slurm.md) */ -}}
+{{- $_ := set $cfg.allocator "cluster" "external" -}}
+{{- end -}}
 {{- include "kelvin.merge" (dict "dst" $cfg "src" $v.config) -}}
 {{- toYaml $cfg -}}
 {{- end }}
