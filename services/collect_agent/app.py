@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from typing import Any
 
@@ -22,14 +21,15 @@ from fastapi import FastAPI
 
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
-from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
+from services.collect_agent.mqtt_server import MqttServer
+from services.collect_agent.mqtt_setup import build_endpoint
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
 from services.collect_agent.spool import Spool
 from services.collect_agent.subscriber import Subscriber
 from services.collect_agent.writer import Writer
 from services.common.cache import SensorCache
-from services.common.errors import ConfigError, NotFoundError
+from services.common.errors import NotFoundError
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
@@ -124,15 +124,8 @@ class CollectAgent(HttpService):
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
         await self._await_scales()
         if s.mqtt_enabled:
-            self.mqtt = MqttServer(
-                self.ingestor,
-                self.metrics,
-                s.mqtt_host or s.host,
-                s.mqtt_port,
-                EndpointLimits(s.connect_timeout_s, s.max_connections, s.max_payload_bytes),
-                s.mqtt_users,
-                self._tls(),
-            )
+            tokens = {s.api_token: "admin"} if s.api_token else {}
+            self.mqtt = build_endpoint(s, self.ingestor, self.metrics, lambda: tokens)
             await self.mqtt.start()
         if s.broker is not None:
             self.subscriber = Subscriber(self.ingestor, self.metrics, s.broker)
@@ -149,19 +142,6 @@ class CollectAgent(HttpService):
                 "announcement sets it)",
                 self.settings.scales_wait_s,
             )
-
-    def _tls(self) -> ssl.SSLContext | None:
-        s = self.settings
-        if s.mqtt_tls_cert is None:
-            return None
-        if s.mqtt_tls_key is None:
-            raise ConfigError("collect_agent.mqtt_tls_cert is set but mqtt_tls_key is not")
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            ctx.load_cert_chain(s.mqtt_tls_cert, s.mqtt_tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"collect_agent.mqtt_tls_cert/key: cannot load: {exc}") from exc
-        return ctx
 
     async def _storage_loop(self) -> None:
         """Open storage (retrying while it is down), then run the writer and metadata refresh."""
@@ -210,7 +190,7 @@ class CollectAgent(HttpService):
 
     async def close(self) -> None:
         if self.mqtt is not None:
-            self.mqtt._on_pressure(True)  # stop reading; what was read gets committed and acked
+            await self.mqtt.refuse_new()  # what was read is committed and acked, then 0x8B
         if self.subscriber is not None:
             await self.subscriber.stop()
         await self.ingestor.stop()

@@ -37,6 +37,7 @@ _JSON_HEADS = frozenset(b"{[ \n\t\r")
 _TOPIC_CACHE_MAX = 200_000
 
 # MQTT 5 reason codes for rejected publishes
+RC_NOT_AUTHORIZED = 0x87
 RC_TOPIC_INVALID = 0x90
 RC_PAYLOAD_INVALID = 0x99
 
@@ -140,6 +141,9 @@ class Ingestor:
         for p in publishes:
             if p[0] == 3:
                 code = self._accept(g, p[2], p[4], now)
+            elif p[0] == -4:  # refused by the endpoint's ACL: acknowledged, never stored
+                self.reject(g, p[4], f"PUBLISH on {p[2][:80]!r}: not allowed for user {p[5]!r}")
+                code = RC_NOT_AUTHORIZED
             else:  # oversized: its body was skipped
                 self.reject(g, "too_large", f"PUBLISH of {p[4]} bytes on {p[2][:80]!r}")
                 code = RC_PAYLOAD_INVALID

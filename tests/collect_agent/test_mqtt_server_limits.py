@@ -76,9 +76,9 @@ async def test_username_password_required_when_configured(
 ) -> None:
     agent = await make_agent(mqtt_users={"pusher": "pw"})
     assert agent.mqtt_port
-    for level, bad_code in ((4, 4), (5, 0x86)):
+    for level, missing, bad_code in ((4, 5, 4), (5, 0x87, 0x86)):
         client, connack = await RawClient.connect(agent.mqtt_port, level=level)
-        assert connack[1][1] == bad_code and await client.closed()
+        assert connack[1][1] == missing and await client.closed()
         client, connack = await RawClient.connect(
             agent.mqtt_port, level=level, username="pusher", password="wrong"
         )
@@ -93,7 +93,8 @@ async def test_username_password_required_when_configured(
         exe, *args, "-u", "pusher", "-P", "no", stderr=asyncio.subprocess.DEVNULL
     )
     assert await ok.wait() == 0 and await refused.wait() != 0
-    assert disconnects(agent, "auth_failed") == 5
+    assert disconnects(agent, "auth_missing") == 2
+    assert disconnects(agent, "auth_failed") == 3
 
 
 @pytest.fixture
