@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from services.collect_agent.mqtt_server import MqttServer
 
 _ACK2 = struct.Struct(">BBH")
+LINGER_S = 2.0
+"""How long a connection we let go may still send (dropped) before it is closed."""
 _OUR_PAUSES = frozenset({"pressure", "budget", "moving"})
 """Pauses that are the server's doing: a connection is not timed out during them."""
 
@@ -127,6 +129,8 @@ class MqttConnection(asyncio.Protocol):
         return bool(self.parser.pending_bytes) and not (self.paused_by & _OUR_PAUSES)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # lingering after our DISCONNECT: dropped, the client sends it again
         self.last_rx = time.monotonic()
         error: mp.ProtocolError | None = None
         try:
@@ -269,17 +273,27 @@ class MqttConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def disconnect(self, code: int, reason: str) -> None:
-        """Close, telling an MQTT 5 client why (3.1.1 has no server DISCONNECT)."""
+        """Close gracefully, telling an MQTT 5 client why (3.1.1 has no server DISCONNECT)."""
         if self.connected and self.level == 5:
             self.write(mp.disconnect(code))
-        self.close(reason)
+        self.close(reason, linger=True)
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, linger: bool = False) -> None:
+        """``linger``: send FIN after what is written and drop what still arrives for a
+        moment; closing with unread data would send a reset, which can destroy the acks
+        and the DISCONNECT before the client reads them."""
         if self.closed or self.transport is None:
             return
         self.closed = True
         self.server.remove(self, reason)
-        self.transport.close()
+        t = self.transport
+        if linger and t.can_write_eof():
+            t.write_eof()
+            self.paused_by.clear()
+            t.resume_reading()
+            asyncio.get_running_loop().call_later(LINGER_S, t.close)
+        else:
+            t.close()
 
     def info(self) -> dict[str, Any]:
         return {
