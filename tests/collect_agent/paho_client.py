@@ -29,14 +29,16 @@ class Paho:
         password: str | None = None,
         v311: bool = False,
         tls: ssl.SSLContext | None = None,
+        clean_session: bool = True,
     ) -> None:
+        """``clean_session``: 3.1.1 only (MQTT 5 gives Clean Start to :meth:`connect`)."""
         self.port = port
         self.v5 = not v311
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=mqtt.MQTTv311 if v311 else mqtt.MQTTv5,
-            clean_session=None if not v311 else True,
+            clean_session=clean_session if v311 else None,
         )
         if username is not None:
             self.client.username_pw_set(username, password)
@@ -96,8 +98,13 @@ class Paho:
             raise TimeoutError("the server did not close the connection")
         return self.disconnect_code
 
-    def close(self) -> None:
+    def close(self, expiry_s: int | None = None) -> None:
+        """DISCONNECT (MQTT 5: with a new Session Expiry Interval when given)."""
         if not self._closed.is_set():
-            self.client.disconnect()
+            props = None
+            if expiry_s is not None:
+                props = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
+                props.SessionExpiryInterval = expiry_s
+            self.client.disconnect(properties=props)
             self._closed.wait(WAIT_S)
         self.client.loop_stop()
