@@ -1,4 +1,6 @@
-"""Per-node MQTT passwords derived from one secret: password = HMAC-SHA256(secret, user).
+"""MQTT client credentials: per-node passwords derived from one secret, password files, TLS.
+
+Derived passwords: password = HMAC-SHA256(secret, ``kelvin-mqtt:`` + user).
 
 A DaemonSet's pods share one Secret, so a per-node identity cannot come from
 the Secret itself. Instead the collect agent holds one *node secret* and
@@ -21,8 +23,12 @@ import argparse
 import hashlib
 import hmac
 import os
+import ssl
 import sys
 from pathlib import Path
+from typing import Any
+
+from services.common.errors import ConfigError
 
 _LABEL = b"kelvin-mqtt:"
 SECRET_ENV = "KELVIN_MQTT_NODE_SECRET"
@@ -32,6 +38,53 @@ def derive_password(secret: str, username: str) -> str:
     """The password of ``username`` under ``secret`` (64 hex characters)."""
     mac = hmac.new(secret.encode("utf-8"), _LABEL + username.encode("utf-8"), hashlib.sha256)
     return mac.hexdigest()
+
+
+def read_password(password: str | None, password_file: Path | None, what: str) -> str | None:
+    """A client's MQTT password: ``password``, else the first line of ``password_file``
+    (the file an init container wrote). ``what`` names the setting in errors."""
+    if password or password_file is None:
+        return password
+    try:
+        text = password_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {password_file}: {exc.strerror or exc}") from exc
+    return text.splitlines()[0].strip() if text.strip() else None
+
+
+class _NamedTLS(ssl.SSLContext):
+    """Verifies the broker's certificate for a fixed name, whatever host was dialled
+    (paho passes the host it connects to as ``server_hostname``)."""
+
+    server_name = ""
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        kwargs["server_hostname"] = self.server_name
+        return super().wrap_socket(*args, **kwargs)
+
+
+def client_tls(
+    enabled: bool, ca: Path | None, what: str, server_name: str | None = None
+) -> ssl.SSLContext | None:
+    """The TLS context of an MQTT client: verify the broker against ``ca`` (None: the
+    system's CAs), for ``server_name`` if given; None when TLS is off."""
+    if not enabled:
+        return None
+    ctx = (
+        _NamedTLS(ssl.PROTOCOL_TLS_CLIENT)
+        if server_name
+        else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    )
+    if isinstance(ctx, _NamedTLS):
+        ctx.server_name = server_name or ""
+    try:
+        if ca is not None:
+            ctx.load_verify_locations(cafile=str(ca))
+        else:
+            ctx.load_default_certs()
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{what}: cannot load the CA {ca}: {exc}") from exc
+    return ctx
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from services.common.cache import SensorCache
 from services.common.errors import NotFoundError
 from services.common.http import HttpService
 from services.common.metrics import ServiceMetrics
+from services.common.mqtt_credentials import client_tls, read_password
 from services.common.settings import Config
 from services.pusher.api import create_app
 from services.pusher.config import plugin_sections, validate_section
@@ -39,6 +40,10 @@ _RESTART_KEYS = (
     "client_id",
     "mqtt_username",
     "mqtt_password",
+    "mqtt_password_file",
+    "mqtt_tls",
+    "mqtt_tls_ca",
+    "mqtt_tls_server_name",
     "format",
     "qos",
     "push",
@@ -73,7 +78,15 @@ def mqtt_options(settings: Settings) -> MqttOptions:
         reconnect_max_s=settings.reconnect_max_s,
         flush_timeout_s=settings.flush_timeout_s,
         username=settings.mqtt_username,
-        password=settings.mqtt_password,
+        password=read_password(
+            settings.mqtt_password, settings.mqtt_password_file, "pusher.mqtt_password_file"
+        ),
+        tls=client_tls(
+            settings.mqtt_tls,
+            settings.mqtt_tls_ca,
+            "pusher.mqtt_tls_ca",
+            settings.mqtt_tls_server_name,
+        ),
         announce=settings.announce_metadata,
         spool_path=settings.state_dir / "unsent.bin" if settings.keep_unsent else None,
     )

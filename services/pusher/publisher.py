@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -92,6 +93,7 @@ class MqttOptions:
     flush_timeout_s: float = 5.0
     username: str | None = None
     password: str | None = None
+    tls: ssl.SSLContext | None = None
     announce: bool = True
     spool_path: Path | None = None
     """Where readings still unsent at stop are kept for the next start (None = dropped)."""
@@ -265,6 +267,7 @@ class MqttPublisher(Publisher):
                         identifier=self.o.client_id,
                         username=self.o.username,
                         password=self.o.password,
+                        tls_context=self.o.tls,
                         keepalive=self.o.keepalive_s,
                         timeout=self.o.connect_timeout_s,
                         clean_session=True,

@@ -44,6 +44,15 @@ class Settings(SectionSettings):
     """MQTT client id (default ``kelvin-pusher-<host>-<random>``)."""
     mqtt_username: str | None = None
     mqtt_password: str | None = None
+    mqtt_password_file: Path | None = None
+    """File holding the MQTT password when ``mqtt_password`` is unset (the chart's init
+    container writes this node's derived password there)."""
+    mqtt_tls: bool = False
+    """Connect to the brokers with TLS (verifying their certificates)."""
+    mqtt_tls_ca: Path | None = None
+    """CA bundle (PEM) to verify the brokers with (None: the system's CAs)."""
+    mqtt_tls_server_name: str | None = None
+    """Name the brokers' certificates must carry (None: the host of each broker address)."""
     format: Literal["kvb1", "dcdb"] = "kvb1"
     """Wire format: Kelvin's batched KVB1 or DCDB's one PUBLISH per sensor."""
     qos: Literal[0, 1] = 1

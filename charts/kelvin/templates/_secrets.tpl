@@ -89,6 +89,7 @@ it, so they must not contain `"` or `\`.
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_BROKER__PASSWORD" "existing" $a.existingSecret "key" $a.passwordKey "inline" $a.password) }}
 {{- else }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_MQTT_USERS" "existing" $m.builtin.existingSecret "key" $m.builtin.usersKey "inline" (ternary (toJson $m.builtin.users) "" (not (empty $m.builtin.users)))) }}
+{{- include "kelvin.mqttAgentEnv" . }}
 {{- end }}
 {{- end }}
 
@@ -104,8 +105,13 @@ it, so they must not contain `"` or `\`.
 - name: KELVIN_PUSHER_PREFIX
   value: {{ . | quote }}
 {{- end }}
+{{- if include "kelvin.mqttDerived" . }}
+- name: KELVIN_PUSHER_MQTT_USERNAME
+  value: "$(NODE_NAME)"
+{{- else }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
+{{- end }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_TOKEN" "existing" $auth.existingSecret "key" $auth.pusherTokenKey "inline" $auth.pusherToken) }}
 {{- end }}
 
@@ -114,8 +120,10 @@ it, so they must not contain `"` or `\`.
 {{- $auth := .Values.auth }}
 {{- $pub := .Values.mqtt.publisherAuth }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_API_TOKEN" "existing" $auth.existingSecret "key" $auth.allocatorTokenKey "inline" $auth.allocatorToken) }}
+{{- if not (include "kelvin.mqttDerived" .) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
+{{- end }}
 {{- end }}
 
 {{- define "kelvin.queryApiEnv" -}}
@@ -162,6 +170,7 @@ it, so they must not contain `"` or `\`.
 {{- else if and $m.builtin.users (not $m.builtin.existingSecret) -}}
 {{- $_ := set $data $m.builtin.usersKey (toJson $m.builtin.users) -}}
 {{- end -}}
+{{- include "kelvin.mqttSecretData" (dict "root" . "data" $data) -}}
 {{- range $key, $value := $data }}
 {{ $key }}: {{ $value | toString | b64enc | quote }}
 {{- end }}

@@ -4,9 +4,7 @@
 {{- if and $c.spool.persistence.enabled (ne $c.kind "StatefulSet") (or $c.autoscaling.enabled (gt (int $c.replicas) 1)) -}}
 {{- fail "collectAgent.spool.persistence.enabled with kind=Deployment gives one claim to one pod: set collectAgent.replicas=1 and autoscaling off, or collectAgent.kind=StatefulSet for one spool PVC per pod" -}}
 {{- end -}}
-{{- if and .Values.mqtt.builtin.tls.enabled (not .Values.mqtt.builtin.tls.secretName) (ne .Values.mqtt.mode "external") -}}
-{{- fail "mqtt.builtin.tls.enabled needs mqtt.builtin.tls.secretName (a kubernetes.io/tls Secret)" -}}
-{{- end -}}
+{{- include "kelvin.mqttChecks" . -}}
 {{- end }}
 
 {{- define "kelvin.collectAgentPorts" -}}
@@ -46,6 +44,6 @@
 {{- if and .Values.mqtt.builtin.tls.enabled (ne .Values.mqtt.mode "external") }}
 - name: mqtt-tls
   secret:
-    secretName: {{ .Values.mqtt.builtin.tls.secretName }}
+    secretName: {{ include "kelvin.mqttTlsSecretName" . }}
 {{- end }}
 {{- end }}
