@@ -104,7 +104,7 @@ class Settings(SectionSettings):
     addresses other than this host's are peers on this agent's HTTP ``port``."""
     mqtt_rebalance_interval_s: float = Field(5.0, gt=0)
     """How often peers' connection counts are read."""
-    mqtt_rebalance_per_s: float = Field(5.0, gt=0)
+    mqtt_rebalance_per_s: float = Field(20.0, gt=0)
     """Most clients asked to move per second (rebalancing and connection age together)."""
     mqtt_rebalance_tolerance: float = Field(0.1, ge=0, le=1)
     """Connections above the fair share tolerated, as a fraction of it (at least 1)."""
