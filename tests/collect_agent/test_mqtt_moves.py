@@ -20,7 +20,7 @@ import pytest
 
 from services.collect_agent import mqtt_packets as mp
 from services.collect_agent.app import CollectAgent
-from services.collect_agent.mqtt_rebalance import excess
+from services.collect_agent.mqtt_rebalance import Peers, excess
 from services.common import codec
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
@@ -41,6 +41,13 @@ def test_fair_share_and_tolerance() -> None:
     assert excess(12, [9, 9], 0.1) == (2, 10)  # one over the tolerance: back to the share
     assert excess(13, [9, 8], 0.1) == (3, 10)
     assert excess(5, [], 0.1) == (0, 5)  # no peer answered: nothing to compare with
+
+
+async def test_peers_from_a_dns_name_skip_this_host() -> None:
+    peers = Peers(["http://agent-0:8081/"], "localhost", 8081)
+    assert await peers.resolve() == ["http://agent-0:8081"]  # localhost is this host
+    peers._own = set()  # as seen from another pod: each address of the name is a peer
+    assert "http://127.0.0.1:8081" in await peers.resolve()
 
 
 async def test_refuse_new_acks_what_was_read_then_disconnects(agent: CollectAgent) -> None:
