@@ -1,10 +1,14 @@
-# syntax=docker/dockerfile:1.7
 # Kelvin's container image: one image for every service. Each container runs one
 # service in one process: `kelvin run pusher|collect-agent|query-api|allocator`.
 #
 #   docker build -t kelvin:0.1.0 .                       # build context = repository root
 #   docker run --rm -p 8080:8080 kelvin:0.1.0 run query-api --config /etc/kelvin/kelvin.yaml
 #   docker build --target dev -t kelvin:dev .            # Tilt's image (see Tiltfile)
+#
+# Plain Dockerfile syntax only (no BuildKit heredocs, no `# syntax=` frontend to pull),
+# so every target also builds offline with podman/buildah, e.g. from a local Debian base:
+#   scripts/image-base.sh && podman build --runtime runc \
+#     --build-arg PYTHON_IMAGE=localhost/kelvin-base:bookworm -t kelvin:0.1.0 .
 #
 # The image runs as uid/gid 10001 and works with a read-only root filesystem: the
 # only writable paths are volumes the chart mounts (/tmp, the spool, the
@@ -15,19 +19,18 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # ---------------------------------------------------------------- build: a venv in /opt/kelvin
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/kelvin
+RUN python3 -m venv /opt/kelvin
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone, so a source change reuses this layer.
 COPY pyproject.toml README.md ./
-RUN --mount=type=cache,target=/root/.cache/pip \
-    mkdir services && touch services/__init__.py \
+RUN mkdir services && touch services/__init__.py \
     && /opt/kelvin/bin/pip install ".[plugins]" \
     && /opt/kelvin/bin/pip uninstall --yes kelvin
 COPY services ./services
 # A regular (not editable) install: the package lands in site-packages, with its data files.
-RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/kelvin/bin/pip install --no-deps . \
+RUN /opt/kelvin/bin/pip install --no-deps . \
     && /opt/kelvin/bin/python -m compileall -q /opt/kelvin/lib
 
 # ---------------------------------------------------------------- runtime
@@ -47,6 +50,11 @@ LABEL org.opencontainers.image.title="kelvin" \
       org.opencontainers.image.documentation="https://github.com/kelvin-hpc/kelvin/blob/main/docs/kubernetes.md" \
       org.opencontainers.image.vendor="Kelvin maintainers" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+# ipmitool: the ipmi plugin's default backend (the local BMC through /dev/ipmi0, which the
+# pod gets from a device plugin or as a privileged container: docs/kubernetes.md).
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ipmitool \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 RUN groupadd --system --gid 10001 kelvin \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/kelvin --no-create-home \
        --shell /usr/sbin/nologin kelvin \
@@ -77,13 +85,8 @@ CMD ["--help"]
 FROM runtime AS dev
 USER root
 RUN chown -R 10001:10001 "${KELVIN_PACKAGE_DIR}"
-COPY --chmod=0755 <<'EOF' /usr/local/bin/kelvin-dev
-#!/bin/sh
-# Run `kelvin <args>` and restart it (SIGINT, then SIGKILL after 10 s) when a .py file
-# under the package changes. The args are plain words (`run <service> --config <file>`).
-exec watchfiles --target-type command --filter python --sigint-timeout 10 \
-  "kelvin $*" "${KELVIN_PACKAGE_DIR}"
-EOF
+COPY docker/kelvin-dev /usr/local/bin/kelvin-dev
+RUN chmod 0755 /usr/local/bin/kelvin-dev
 USER 10001:10001
 ENTRYPOINT ["kelvin-dev"]
 

@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck bench install clean
+.PHONY: up test image-test lint typecheck bench install clean
 
 install:
 	@scripts/bootstrap.sh
@@ -17,6 +17,13 @@ test:
 	$(BIN)/ruff format --check services tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra
+
+# Builds every Dockerfile target with podman from a local Debian base and runs the
+# services from the image (about a minute; a few more the first time): not in `test`.
+image-test:
+	@scripts/bootstrap.sh test,plugins
+	@scripts/install-peers.sh image
+	KELVIN_IMAGE_TEST=1 $(BIN)/python -m pytest -q -ra -m image tests/packaging/test_image.py
 
 lint:
 	$(BIN)/ruff check services tests benchmarks

@@ -15,6 +15,12 @@ have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+# `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
+if [ "${1:-}" = image ]; then
+  have podman || need+=(podman)
+  have runc || need+=(runc)
+  have debootstrap || need+=(debootstrap)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

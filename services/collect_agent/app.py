@@ -5,8 +5,9 @@ Ways in (built-in MQTT endpoint, external-broker subscription, HTTP ``/write``)
 -> :class:`~.spool.Spool` (write-ahead, on disk) -> :class:`~.writer.Writer`
 -> storage. Start: storage (in the background if it is down: the spool takes
 readings meanwhile), spool replay, writer, ingestor, listeners. Stop: stop
-reading, commit and ack what was received, close listeners, drain the spool
-for a while, close storage.
+taking data (``/write`` 503, MQTT DISCONNECT 0x8B), commit and ack what was
+read, close listeners, write the spool to storage for up to ``drain_timeout_s``
+(retrying while storage fails; HTTP still answers meanwhile), close storage.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import MqttServer
 from services.collect_agent.mqtt_setup import build_endpoint
+from services.collect_agent.orphans import OrphanClaimer
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
-from services.collect_agent.spool import Spool
+from services.collect_agent.spool import DamageReport, Spool
 from services.collect_agent.subscriber import Subscriber
 from services.collect_agent.writer import Writer
 from services.common.cache import SensorCache
@@ -59,14 +61,22 @@ class CollectAgent(HttpService):
             settings.spool_segment_bytes,
             settings.spool_max_bytes,
             settings.spool_memory_bytes,
+            settings.spool_lock_wait_s,
         )
         self.ingestor = Ingestor(self.spool, self.metrics, self.cache, settings.commit_delay_ms)
+        self.spool.on_released.append(self.ingestor.check_pressure)
+        self.spool.on_damage = self._count_damage
         self.storage: StorageBackend | None = storage
         self.writer: Writer | None = None
         self.mqtt: MqttServer | None = None
         self.subscriber: Subscriber | None = None
+        self.claimer: OrphanClaimer | None = None
         self.rates = Rates()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.draining: float | None = None
+        """When the drain began (monotonic s), None while taking data."""
+        self.drained: dict[str, Any] | None = None
+        """What the drain wrote: readings, seconds, readings_per_s, left."""
         self._scales_loaded = asyncio.Event()
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
         install_error_handlers(app)
@@ -77,6 +87,8 @@ class CollectAgent(HttpService):
             "collect-agent", app, settings.host, settings.port, "--collect-agent-port", access
         )
         self._gauges()
+        # The runner must not cut the drain short: its time plus HTTP's own shutdown.
+        self.stop_timeout_s = settings.drain_timeout_s + 15.0
 
     def _gauges(self) -> None:
         m = self.metrics
@@ -88,6 +100,12 @@ class CollectAgent(HttpService):
             cache = self.cache
             m.cache_sensors.set_function(lambda: len(cache))
 
+    def _count_damage(self, d: DamageReport) -> None:
+        kind = "incomplete" if d.incomplete else "damaged"
+        self.metrics.damaged_bytes.labels(kind).inc(d.size)
+        self.metrics.damaged_records.labels(kind).inc(d.records)
+        self.metrics.damaged_readings.labels(kind).inc(d.readings)
+
     @property
     def mqtt_port(self) -> int | None:
         return self.mqtt.port if self.mqtt is not None else None
@@ -98,6 +116,8 @@ class CollectAgent(HttpService):
         return self.cache
 
     def _ready(self) -> tuple[bool, str]:
+        if self.draining is not None:
+            return False, "draining: shutting down, taking no new data"
         if not self.ingestor.spool_ok:
             return False, f"the spool in {self.spool.dir} refuses writes (disk full?)"
         if self.ingestor.paused:
@@ -130,6 +150,17 @@ class CollectAgent(HttpService):
         if s.broker is not None:
             self.subscriber = Subscriber(self.ingestor, self.metrics, s.broker)
             self._tasks.append(self.watch(self.subscriber.start()))
+        if s.spool_peers_dir is not None:
+            self.claimer = OrphanClaimer(
+                s.spool_dir,
+                s.spool_peers_dir,
+                lambda: self.storage if self.writer is not None else None,
+                self.metrics,
+                s.orphan_scan_s,
+                s.writer_batch_readings,
+                s.writer_retry_max_s,
+            )
+            self._tasks.append(self.watch(asyncio.create_task(self.claimer.run(), name="orphans")))
 
     async def _await_scales(self) -> None:
         """DCDB integers are scaled on arrival: learn the stored scales before taking any."""
@@ -154,14 +185,14 @@ class CollectAgent(HttpService):
             except Exception as exc:  # the spool holds readings until storage answers
                 log.warning("storage not reachable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.writer_retry_max_s)
+                cap = 0.5 if self.draining is not None else self.settings.writer_retry_max_s
+                delay = min(delay * 2, cap)
         self.writer = Writer(
             self.spool,
             self.storage,
             self.metrics,
             self.settings.writer_batch_readings,
             self.settings.writer_retry_max_s,
-            on_release=self.ingestor.check_pressure,
         )
         writer = self.writer.start()
         while not writer.done():
@@ -188,16 +219,91 @@ class CollectAgent(HttpService):
             self.rates.sample(self.ingestor.readings_spooled, w)
             await asyncio.sleep(1.0)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """SIGTERM: drain while HTTP still answers (``/write`` 503, ``/readyz`` 503), then
+        stop HTTP and close."""
+        if not self._stopped:
+            await self.drain()
+        await super().stop()
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Take no new data, acknowledge what was read, then keep writing the spool to
+        storage for up to ``timeout_s`` (default ``drain_timeout_s``), retrying while
+        storage fails. What is left stays in ``spool_dir``. Idempotent."""
+        if self.draining is not None:
+            return
+        timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        self.draining = t0
+        self.ingestor.drain()  # every ingest path refuses from here (HTTP: 503, Retry-After)
+        if self.claimer is not None:
+            self.claimer.stopping = True  # hands a claimed orphan back within 0.2 s
         if self.mqtt is not None:
-            await self.mqtt.refuse_new()  # what was read is committed and acked, then 0x8B
+            # A few loop turns first: each connection reads what the kernel already holds
+            # (sent before the drain), so it is acknowledged below rather than resent.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            # Stop reading, commit and acknowledge what was read, then let every client go
+            # (MQTT 5: DISCONNECT 0x8B "server shutting down"; 3.1.1: close); pushers
+            # reconnect through the Service to another agent.
+            await self.mqtt.refuse_new()
         if self.subscriber is not None:
             await self.subscriber.stop()
         await self.ingestor.stop()
         if self.mqtt is not None:
-            await self.mqtt.stop()
+            await self.mqtt.stop()  # the listener and sweeper (every client was let go above)
+        pending = self.spool.pending_readings
+        if pending and timeout > 0:
+            log.info(
+                "draining: taking no new data; writing %d spooled readings to storage "
+                "for up to %g s",
+                pending,
+                timeout,
+            )
+            deadline = t0 + timeout
+            while self.spool.pending_records and time.monotonic() < deadline:
+                if self.writer is not None:
+                    self.writer.hurry()
+                empty = asyncio.ensure_future(self.spool.wait_empty())
+                await asyncio.wait({empty}, timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                empty.cancel()
+        left = self.spool.pending_readings
+        elapsed = time.monotonic() - t0
+        self.drained = {
+            "readings": pending - left,
+            "seconds": round(elapsed, 3),
+            "readings_per_s": round((pending - left) / elapsed, 1) if elapsed > 0 else 0.0,
+            "left": left,
+        }
+        if not left:
+            if pending:
+                log.info(
+                    "drained: %d readings written in %.2f s (%.0f readings/s); spool empty",
+                    pending,
+                    elapsed,
+                    self.drained["readings_per_s"],
+                )
+        elif self.settings.spool_ephemeral:
+            log.error(
+                "stopping with %d readings still spooled in %s (storage: %s); the spool is "
+                "ephemeral (an emptyDir): they are lost when this pod is deleted",
+                left,
+                self.spool.dir,
+                self.writer.last_error if self.writer else "not open",
+            )
+        else:
+            log.warning(
+                "stopping with %d readings still spooled in %s (storage: %s); they stay "
+                "there and are written after restart",
+                left,
+                self.spool.dir,
+                self.writer.last_error if self.writer else "not open",
+            )
+
+    async def close(self) -> None:
+        await self.drain(0)  # a start that failed: stop taking data, do not wait
         if self.writer is not None:
-            await self.writer.stop(self.settings.drain_timeout_s)
+            await self.writer.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -224,6 +330,18 @@ class CollectAgent(HttpService):
                 "pending_readings": self.spool.pending_readings,
                 "pending_records": self.spool.pending_records,
                 "replayed_readings": self.spool.replayed_readings,
+                "damaged": [
+                    {
+                        "segment": d.segment,
+                        "offset": d.offset,
+                        "bytes": d.size,
+                        "incomplete": d.incomplete,
+                        "readings": d.readings,
+                        "kept": str(d.kept),
+                    }
+                    for d in self.spool.damage
+                ],
+                "fsync_errors": self.spool.fsync_errors,
                 "fsync": self.spool.fsync,
             },
             "storage": {
@@ -235,6 +353,8 @@ class CollectAgent(HttpService):
                 "last_error": w.last_error if w else None,
             },
             "backpressure": self.ingestor.paused,
+            "draining": self.draining is not None,
+            "drained": self.drained,
             "connections": len(self.mqtt.conns) if self.mqtt else 0,
             "broker_connected": self.subscriber.connected if self.subscriber else None,
             "rejected": dict(sorted(self.ingestor.rejected.items())),

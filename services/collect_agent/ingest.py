@@ -42,6 +42,10 @@ RC_TOPIC_INVALID = 0x90
 RC_PAYLOAD_INVALID = 0x99
 
 
+class Draining(SpoolError):
+    """The agent is draining its spool before it exits: new data goes elsewhere."""
+
+
 class AckSink(Protocol):
     """Who gets told when a group is durable (an MQTT connection, the subscriber)."""
 
@@ -106,6 +110,8 @@ class Ingestor:
         self.spool_ok = True
         """False while the spool refuses writes (disk full, I/O error): not ready."""
         self.rejected: dict[str, int] = {}
+        self.draining = False
+        """Shutting down: every way in refuses new data (see :meth:`drain`)."""
         self._bad = RateLimitedLog(log)
         self._topics: dict[bytes, tuple[Any, str]] = {}
         self._group = _Group()
@@ -160,8 +166,29 @@ class Ingestor:
         self.metrics.messages.labels(transport).inc(len(publishes))
         self._wake_commit(g)
 
+    def drain(self) -> None:
+        """Take no new data from now on: :meth:`receive_batch` raises :class:`Draining`
+        (HTTP answers 503 with Retry-After) and HTTP requests waiting for back-pressure
+        to end are let through to be refused."""
+        self.draining = True
+        self._resumed.set()
+
+    async def flush(self) -> None:
+        """Until everything handed in so far is durable and acknowledged (also while
+        draining: the MQTT endpoint lets its clients go only after their acks)."""
+        g = self._group
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.waiters.append(fut)
+        self._wake_commit(g)
+        await fut
+
     def receive_batch(self, batch: Batch, messages: int, transport: str) -> asyncio.Future[None]:
-        """Already decoded readings (HTTP /write); the future resolves once durable."""
+        """Already decoded readings (HTTP /write); the future resolves once durable.
+
+        Raises :class:`Draining` (a SpoolError: nothing is acknowledged) while the agent
+        shuts down."""
+        if self.draining:
+            raise Draining("the collect agent is shutting down; send to another agent")
         g = self._group
         if len(batch):
             g.batches.append(batch)
@@ -285,8 +312,10 @@ class Ingestor:
             await self._committed.wait_for(lambda: self.readings_spooled >= readings)
 
     async def admitted(self) -> None:
-        """Until back-pressure is off (HTTP waits here before reading a body)."""
-        await self._resumed.wait()
+        """Until back-pressure is off (HTTP waits here before reading a body); at once
+        while draining (the request is then refused)."""
+        if not self.draining:
+            await self._resumed.wait()
 
     # ------------------------------------------------------------------ committing
     def _take(self) -> _Group:

@@ -41,6 +41,26 @@ class AgentMetrics:
         self.replayed = m.counter(
             "spool_replayed_readings_total", "Readings replayed from the spool after a restart"
         )
+        self.damaged_bytes = m.counter(
+            "spool_damaged_bytes_total",
+            "Spool bytes that were no intact record, skipped and kept in <spool>/damaged; "
+            "kind=incomplete: a write cut short (never acknowledged), damaged: anything else",
+            ["kind"],
+        )
+        self.damaged_records = m.counter(
+            "spool_damaged_records_total",
+            "Spool records skipped as damaged (as far as their headers are readable)",
+            ["kind"],
+        )
+        self.damaged_readings = m.counter(
+            "spool_damaged_readings_total",
+            "Readings in skipped spool records (as far as their headers are readable)",
+            ["kind"],
+        )
+        self.orphan_readings = m.counter(
+            "spool_orphan_readings_total",
+            "Readings written to storage from spools this agent claimed (their agent gone)",
+        )
         self.storage_seconds = m.histogram(
             "storage_write_seconds", "Duration of one storage write", buckets=_LATENCY_BUCKETS
         )

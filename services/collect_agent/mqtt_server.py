@@ -40,7 +40,6 @@ from services.collect_agent.spool import SpoolError
 from services.collect_agent.tasks import cancel
 from services.common.logs import RateLimitedLog
 from services.common.net import bind_tcp, bound_port
-from services.common.readings import Batch
 
 __all__ = ["EndpointLimits", "MqttConnection", "MqttServer", "encode_acks"]
 
@@ -163,9 +162,8 @@ class MqttServer:
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Until what the connections handed to the ingestor so far is durable and acked."""
-        done = self.ingestor.receive_batch(Batch.empty(), 0, "mqtt")
         try:
-            await asyncio.wait_for(done, timeout_s)
+            await asyncio.wait_for(self.ingestor.flush(), timeout_s)
         except (TimeoutError, SpoolError) as exc:
             log.warning("MQTT: publishes read before a disconnect not committed: %s", exc)
             return False

@@ -141,9 +141,22 @@ class Settings(SectionSettings):
     """Most readings handed to storage in one write."""
     writer_retry_max_s: float = Field(5.0, gt=0)
     """Longest back-off between retries while storage is failing."""
-    drain_timeout_s: float = Field(20.0, ge=0, le=25)
-    """On stop, how long the writer keeps draining the spool into storage (the
-    service runner allows 30 s for a stop); what is left is written after restart."""
+    drain_timeout_s: float = Field(20.0, ge=0)
+    """On SIGTERM, how long the agent keeps writing its spool to storage (retrying while
+    storage fails) after it stopped taking data; then it exits 0 and what is left stays
+    in ``spool_dir``. The chart sets it to the pod's grace period less a margin."""
+    spool_peers_dir: Path | None = None
+    """A directory holding the spool directories of every agent (a shared volume, one
+    directory per agent, ``spool_dir`` among them): an agent drains a sibling that no
+    agent holds (its agent was scaled down or deleted) into storage. None = off."""
+    orphan_scan_s: float = Field(10.0, gt=0)
+    """How often ``spool_peers_dir`` is looked at for spools that outlived their agent."""
+    spool_lock_wait_s: float = Field(30.0, ge=0)
+    """At start, how long to wait for the own spool directory while another process holds
+    it (an agent draining it as an orphan hands it back when asked)."""
+    spool_ephemeral: bool = False
+    """The spool is on a volume that dies with the pod (an emptyDir): the drain then logs
+    what a pod deletion loses. The chart sets it."""
     metadata_refresh_s: float = Field(30.0, gt=0)
     """How often the sensors' scales are re-read from storage (metadata another agent
     received)."""

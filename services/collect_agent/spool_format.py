@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -97,22 +98,88 @@ def decode(body: bytes | memoryview) -> Batch | SensorMetadata | JobRecord:
     raise CorruptRecord(f"unknown spool record kind {kind!r}")
 
 
-def scan(data: bytes) -> tuple[list[tuple[int, int, int]], int]:
-    """Walk a segment's bytes: ([(seq, body_offset, body_len)], end of the last good record).
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Bytes of a segment that are no record: skipped on replay and set aside."""
 
-    Stops at the first torn or damaged record; the caller decides what to do
-    with the bytes after it.
+    offset: int
+    size: int
+    incomplete: bool
+    """The span ends the file and starts with a record cut short: a write that was
+    interrupted (a crash, a failed write), not one the agent acknowledged."""
+    records: int
+    """Records whose headers can still be read in the span (a damaged header hides one)."""
+    readings: int
+    """Readings those headers' bodies claim (best effort: the damage may have hit them)."""
+
+
+def _valid_at(data: bytes, view: memoryview, pos: int) -> tuple[int, int, int] | None:
+    """(seq, body_offset, body_len) if a whole record with a good CRC starts at ``pos``."""
+    if pos + HEADER.size > len(data):
+        return None
+    magic, length, seq, crc = HEADER.unpack_from(data, pos)
+    body_at = pos + HEADER.size
+    if magic != MAGIC or body_at + length > len(data):
+        return None
+    if _crc(length, seq, view[body_at : body_at + length]) != crc:
+        return None
+    return seq, body_at, length
+
+
+def header_crc(data: bytes | memoryview, body_offset: int) -> int:
+    """The CRC field of the record whose body starts at ``body_offset``."""
+    return int(HEADER.unpack_from(data, body_offset - HEADER.size)[3])
+
+
+def _damage(data: bytes, start: int, end: int) -> Damage:
+    records = readings = 0
+    pos = start if data.startswith(MAGIC, start) else data.find(MAGIC, start + 1, end)
+    incomplete = False
+    while pos != -1 and pos + HEADER.size <= end:
+        _, length, _, _ = HEADER.unpack_from(data, pos)
+        body_at = pos + HEADER.size
+        records += 1
+        if body_at + length > len(data) and pos == start and end == len(data):
+            incomplete = True
+        if min(length, len(data) - body_at) > _READINGS_HEAD.size and data[body_at] == READINGS:
+            n = _READINGS_HEAD.unpack_from(data, body_at + 1)[1]
+            readings += n if 16 * n <= length else 0  # a count the body cannot hold is damage
+        pos = data.find(MAGIC, pos + 1, end)
+    if end == len(data) and end - start < HEADER.size and not records:
+        incomplete = True  # a header cut short
+    return Damage(start, end - start, incomplete, records, readings)
+
+
+def scan(data: bytes) -> tuple[list[tuple[int, int, int]], list[Damage]]:
+    """Walk a segment's bytes: its intact records [(seq, body_offset, body_len)] and the
+    damaged spans between them.
+
+    After a record that fails its framing or CRC, the walk resynchronises on the next
+    offset where a whole record with a good CRC starts and goes on from there, so one
+    damaged record costs only itself.
     """
     out: list[tuple[int, int, int]] = []
-    pos = 0
-    n = len(data)
-    while pos + HEADER.size <= n:
-        magic, length, seq, crc = HEADER.unpack_from(data, pos)
-        body_at = pos + HEADER.size
-        if magic != MAGIC or body_at + length > n:
-            break
-        if _crc(length, seq, memoryview(data)[body_at : body_at + length]) != crc:
-            break
-        out.append((seq, body_at, length))
-        pos = body_at + length
-    return out, pos
+    damage: list[Damage] = []
+    view = memoryview(data)
+    pos, n = 0, len(data)
+    while pos < n:
+        rec = _valid_at(data, view, pos)
+        if rec is not None:
+            out.append(rec)
+            pos = rec[1] + rec[2]
+            continue
+        nxt = data.find(MAGIC, pos + 1)
+        while nxt != -1 and _valid_at(data, view, nxt) is None:
+            nxt = data.find(MAGIC, nxt + 1)
+        end = n if nxt == -1 else nxt
+        damage.append(_damage(data, pos, end))
+        pos = end
+    return out, damage
+
+
+def check(frame_bytes: bytes, seq: int) -> bytes:
+    """The body of a record read back from disk (header + body), CRC checked."""
+    rec = _valid_at(frame_bytes, memoryview(frame_bytes), 0)
+    if rec is None or rec[0] != seq or rec[1] + rec[2] != len(frame_bytes):
+        raise CorruptRecord(f"spool record {seq} fails its checksum when read back")
+    return frame_bytes[HEADER.size :]

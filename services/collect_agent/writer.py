@@ -5,17 +5,17 @@ Consecutive readings records are concatenated into one storage write of up to
 storage is retried with exponential back-off for as long as it fails — the
 spool grows meanwhile and the ingest side applies back-pressure at the quota.
 Only a record that storage rejects *permanently* (retrying cannot help), or
-that no longer decodes from the spool file (damaged on disk), is set aside: it
-goes to ``quarantine.wal`` in the spool directory, counted and logged, never
-silently lost.
+that no longer decodes, is set aside: it goes to ``quarantine.wal`` in the spool
+directory, counted and logged, never silently lost. A record whose bytes fail
+their CRC when read back goes to the spool's ``damaged/`` directory at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from services.collect_agent import spool_format as fmt
@@ -45,21 +45,18 @@ class Writer:
         metrics: AgentMetrics,
         batch_readings: int = 200_000,
         retry_max_s: float = 5.0,
-        on_release: Callable[[], None] | None = None,
     ) -> None:
         self.spool = spool
         self.storage = storage
         self.metrics = metrics
         self.batch_readings = batch_readings
         self.retry_max_s = retry_max_s
-        self.on_release = on_release
         self.readings_written = 0
         self.failing_since: float | None = None
         self.last_error: str | None = None
         self._log = RateLimitedLog(log, period_s=30.0, burst=3)
         self._task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._retry_now = asyncio.Event()
 
     @property
     def quarantine_path(self) -> Path:
@@ -69,23 +66,24 @@ class Writer:
         self._task = asyncio.create_task(self.run(), name="spool-writer")
         return self._task
 
-    async def stop(self, drain_timeout_s: float = 10.0) -> None:
-        """Drain what storage takes within the timeout; the rest stays spooled for next start."""
+    def hurry(self, retry_max_s: float = 0.5) -> None:
+        """Back off at most ``retry_max_s`` from now on, and retry a failing storage now
+        (the agent is draining before it exits: every second of the grace period counts)."""
+        self.retry_max_s = min(self.retry_max_s, retry_max_s)
+        self._retry_now.set()
+
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """Keep draining for up to the timeout (retrying a failing storage), then stop;
+        what is left stays spooled for the next start."""
         if self._task is None:
             return
-        deadline = time.monotonic() + drain_timeout_s
-        while self.spool.pending_records and time.monotonic() < deadline:
-            if self._task.done() or self.failing_since is not None:
-                break  # storage is down: waiting cannot drain anything
-            await asyncio.sleep(0.02)
+        if drain_timeout_s > 0 and self.spool.pending_records:
+            self.hurry()
+            empty = asyncio.ensure_future(self.spool.wait_empty())
+            await asyncio.wait({empty, self._task}, timeout=drain_timeout_s)
+            empty.cancel()
         await cancel(self._task)
         self._task = None
-        if self.spool.pending_records:
-            log.warning(
-                "stopping with %d readings still spooled in %s; they are written after restart",
-                self.spool.pending_readings,
-                self.spool.dir,
-            )
 
     async def run(self) -> None:
         backoff = 0.05
@@ -112,7 +110,9 @@ class Writer:
                     backoff,
                     self.spool.pending_readings,
                 )
-                await asyncio.sleep(backoff)
+                self._retry_now.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._retry_now.wait(), backoff)
                 backoff = min(backoff * 2, self.retry_max_s)
                 continue
             if self.failing_since is not None:
@@ -126,15 +126,20 @@ class Writer:
             backoff = 0.05
             unknown_failures = 0
             await self.spool.release(len(entries))
-            if self.on_release is not None:
-                self.on_release()
 
     async def _store(self, entries: list[Entry], isolate: bool) -> None:
         pending: list[Batch] = []
         for e in entries:
+            if e.damaged:
+                continue
             try:
                 item = await self.spool.load(e)
-            except Exception as exc:  # damaged on disk: set aside, or it stalls everything after
+            except fmt.CorruptRecord:
+                # Its bytes on disk fail their CRC: retrying cannot help, and it must not
+                # stall everything after it. Set aside (counted, logged) and go on.
+                await self.spool.set_aside(e)
+                continue
+            except Exception as exc:  # intact but undecodable: set aside after the retries
                 if not isolate or isinstance(exc, OSError):
                     raise
                 body = await self.spool.read_body(e)

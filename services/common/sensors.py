@@ -122,6 +122,13 @@ class JobRecord(BaseModel):
     def _str(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) else v
 
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes(cls, v: Any) -> Any:
+        # boost::property_tree (DCDB's dcdbslurmjob) writes an empty node list, as every
+        # stop record and a start without nodes carry, as "" rather than [].
+        return () if v == "" or v is None else v
+
     @field_validator("end_ns", mode="before")
     @classmethod
     def _end(cls, v: Any) -> Any:

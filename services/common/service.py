@@ -22,6 +22,9 @@ class Service(ABC):
     """One Kelvin service (pusher, collect agent, query API, allocator)."""
 
     name: str = "service"
+    stop_timeout_s: float = 30.0
+    """How long the runner lets :meth:`stop` take (a service that drains for a
+    configured time raises it above that time)."""
 
     def __init__(self) -> None:
         self._failed: asyncio.Future[None] | None = None
@@ -84,7 +87,7 @@ async def run_services(
     finally:
         for svc in reversed(started):
             try:
-                await asyncio.wait_for(svc.stop(), timeout=30)
+                await asyncio.wait_for(svc.stop(), timeout=svc.stop_timeout_s)
                 log.info("%s stopped", svc.name)
             except Exception:  # one service's bad stop must not keep the others from flushing
                 log.exception("%s did not stop cleanly", svc.name)

@@ -14,15 +14,20 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.common.errors import KelvinError, SensorNameError, TimeSpecError
+from services.common.errors import (
+    KelvinError,
+    RetryableStorageError,
+    SensorNameError,
+    TimeSpecError,
+)
 from services.common.http import HttpService, health_router, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
-from services.common.storage import StorageBackend, open_storage
+from services.common.storage import StorageBackend, create_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
-from services.query_api.context import ApiContext
+from services.query_api.context import READY, ApiContext
 from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
@@ -75,7 +80,7 @@ def create_app(
     install_handlers(app, ctx)
 
     def ready() -> tuple[bool, str]:
-        return (ctx._storage is not None, "storage open" if ctx._storage else "storage not open")
+        return ctx.readiness
 
     app.include_router(health_router(metrics, ready))
     app.include_router(sensors.router(ctx))
@@ -119,13 +124,56 @@ class QueryApiService(HttpService):
             "--query-api-port",
         )
         self.storage: StorageBackend | None = None
+        self.watcher: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        self.storage = await open_storage(self.storage_settings)
+        self.storage = create_storage(self.storage_settings)
+        try:
+            await self.storage.open()
+        except (RetryableStorageError, OSError) as exc:
+            # Storage down at start is no reason to exit (a crash loop): serve, answer
+            # 503, report not ready, and keep trying in the background.
+            log.warning("storage not reachable at start (%s); serving, not ready", exc)
+            self.ctx.readiness = (False, f"storage not reachable: {exc}")
+        else:
+            self._attached()
+        self.watcher = asyncio.create_task(self._watch_storage(), name="storage-watch")
+
+    def _attached(self) -> None:
+        assert self.storage is not None
         self.ctx.attach(self.storage)
         self.metrics.up.set(1)
         if self.wanted_virtual:
             self.definer = asyncio.create_task(self._define_configured(), name="virtual-definer")
+
+    async def _watch_storage(self) -> None:
+        """Open storage if it was down at start, then ping it: ``/readyz`` follows."""
+        assert self.storage is not None
+        storage, every = self.storage, self.settings.storage_check_s
+        delay = min(0.1, every)
+        while self.ctx._storage is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, every)
+            try:
+                await storage.open()
+            except (RetryableStorageError, OSError) as exc:
+                self.ctx.readiness = (False, f"storage not reachable: {exc}")
+                continue
+            log.info("storage reachable: open")
+            self._attached()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                ok = await asyncio.wait_for(storage.ping(), timeout=max(every, 1.0))
+            except Exception:  # a hung or failing ping: storage is not reachable
+                ok = False
+            if ok != self.ctx.readiness[0]:
+                log.log(
+                    logging.INFO if ok else logging.WARNING,
+                    "storage %s",
+                    "answers again: ready" if ok else "does not answer its ping: not ready",
+                )
+            self.ctx.readiness = READY if ok else (False, "storage does not answer its ping")
 
     async def _define_configured(self) -> None:
         """Define configured virtual sensors, retrying those whose inputs do not exist yet."""
@@ -149,6 +197,11 @@ class QueryApiService(HttpService):
                 await asyncio.sleep(self.settings.virtual_retry_s)
 
     async def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watcher
+            self.watcher = None
         if self.definer is not None:
             self.definer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -13,6 +13,8 @@ from services.query_api.catalog import Catalog
 from services.query_api.query import Reader, VirtualSource
 from services.query_api.settings import Settings
 
+READY = (True, "ready, storage answers")
+
 
 class ApiMetrics:
     """The query API's own Prometheus metrics."""
@@ -55,6 +57,8 @@ class ApiContext:
         self._catalog: Catalog | None = None
         self._reader: Reader | None = None
         self.virtual: VirtualSource | None = None
+        self.readiness: tuple[bool, str] = (storage is not None, "storage not open yet")
+        """What ``/readyz`` says: kept current by the service's storage watch."""
         if storage is not None:
             self.attach(storage)
 
@@ -63,6 +67,7 @@ class ApiContext:
         from services.query_api.virtual.engine import Engine
 
         self._storage = storage
+        self.readiness = READY
         self._catalog = Catalog(storage)
         engine = Engine(storage, self._catalog, self.settings, self.metrics)
         self.virtual = engine
@@ -79,6 +84,7 @@ class ApiContext:
     def detach(self) -> None:
         self._storage = self._catalog = self._reader = None
         self.virtual = None
+        self.readiness = (False, "storage not open")
 
     @property
     def storage(self) -> StorageBackend:

@@ -20,6 +20,9 @@ class Settings(SectionSettings):
     """HTTP bind address."""
     port: int = Field(8080, ge=0, le=65535)
     """HTTP port (0 = any free port)."""
+    storage_check_s: float = Field(5.0, gt=0)
+    """How often storage is pinged for ``/readyz`` (and, while it is down at start, the
+    longest wait between attempts to open it)."""
     allocator_url: str = "http://127.0.0.1:8083"
     """Allocator API (hall view of the console)."""
     collect_agent_url: str = "http://127.0.0.1:8081"

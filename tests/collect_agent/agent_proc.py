@@ -23,8 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 class AgentProcess:
     """One agent process with its own config file, ports, spool and log."""
 
-    def __init__(self, workdir: Path, name: str, sqlite: Path, **settings: Any) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        sqlite: Path | None = None,
+        storage: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
+        """``storage`` (the storage section) replaces the SQLite file ``sqlite``."""
         self.workdir, self.name = workdir, name
+        self.storage = storage
         self.http_port = free_port()
         self.mqtt_port = free_port()
         self.spool_dir = workdir / f"spool-{name}"
@@ -36,7 +45,7 @@ class AgentProcess:
             "writer_retry_max_s": 0.2,
             **settings,
         }
-        self.sqlite = sqlite
+        self.sqlite = sqlite or workdir / "kelvin.sqlite"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / f"agent-{name}.log"
         self.preexec: Callable[[], None] | None = None
@@ -48,7 +57,10 @@ class AgentProcess:
         cfg = self.workdir / f"agent-{self.name}.yaml"
         cfg.write_text(
             yaml.safe_dump(
-                {"collect_agent": self.settings, "storage": {"sqlite": {"path": str(self.sqlite)}}}
+                {
+                    "collect_agent": self.settings,
+                    "storage": self.storage or {"sqlite": {"path": str(self.sqlite)}},
+                }
             )
         )
         with open(self.log, "ab") as out:
@@ -70,6 +82,14 @@ class AgentProcess:
             )
         wait_port(self.http_port, timeout=30, proc=self.proc)
         return self
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM and wait for the exit; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout_s)
+        self.proc = None
+        return rc
 
     def kill9(self) -> None:
         assert self.proc is not None

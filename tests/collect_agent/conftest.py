@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ import pytest
 
 from services.collect_agent.app import CollectAgent, create_service
 from services.common.settings import Config
+from tests.support.influxdb import InfluxDB
 
 AgentFactory = Callable[..., Awaitable[CollectAgent]]
 
@@ -51,3 +52,14 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
 @pytest.fixture
 async def agent(make_agent: AgentFactory) -> CollectAgent:
     return await make_agent()
+
+
+@pytest.fixture(scope="session")
+def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxDB]:
+    """One real influxd for the agent tests that stop and start it (each its own database;
+    a test that stops it starts it again)."""
+    server = InfluxDB(tmp_path_factory.mktemp("influxd")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

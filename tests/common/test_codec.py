@@ -291,3 +291,34 @@ def test_infinite_and_out_of_range_numbers_are_payload_errors(
 def test_json_overflowing_float_is_infinity_like_any_float64() -> None:
     ts, vs = codec.decode_json(b"[1e400]", NOW)
     assert vs.tolist() == [float("inf")] and ts.tolist() == [NOW]
+
+
+# The exact bytes dcdbslurmjob publishes (boost::property_tree::write_json, pretty):
+# every value a string, an empty node list written as "".
+DCDBSLURMJOB_START = (
+    b'{\n    "domainid": "default",\n    "jobid": "4711",\n    "userid": "alice",\n'
+    b'    "starttime": "1764500000000000000",\n    "endtime": "0",\n'
+    b'    "nodes": [\n        "n01",\n        "n02"\n    ]\n}\n'
+)
+DCDBSLURMJOB_START_NO_NODES = DCDBSLURMJOB_START.replace(
+    b'[\n        "n01",\n        "n02"\n    ]', b'""'
+)
+DCDBSLURMJOB_STOP = (
+    b'{\n    "domainid": "default",\n    "jobid": "4711",\n    "userid": "",\n'
+    b'    "starttime": "0",\n    "endtime": "1764500360000000000",\n    "nodes": ""\n}\n'
+)
+
+
+def test_dcdbslurmjob_records_with_an_empty_node_list_are_accepted() -> None:
+    start = codec.decode_publish("/DCDB_JOBDATA/", DCDBSLURMJOB_START, NOW).job
+    assert start is not None and start.running and start.nodes == ("n01", "n02")
+    bare = codec.decode_publish("/DCDB_JOBDATA/", DCDBSLURMJOB_START_NO_NODES, NOW).job
+    assert bare is not None and bare.running and bare.nodes == ()
+    stop = codec.decode_publish("/DCDB_JOBDATA/", DCDBSLURMJOB_STOP, NOW).job
+    assert stop is not None and stop.job_id == "4711" and stop.nodes == ()
+    assert stop.end_ns == 1_764_500_360_000_000_000 and stop.start_ns == 0
+    with pytest.raises(PayloadError) as exc:  # a string that is not empty is still refused
+        codec.decode_publish(
+            "/DCDB_JOBDATA/", DCDBSLURMJOB_STOP.replace(b'""\n}', b'"n01"\n}'), NOW
+        )
+    assert exc.value.reason == "bad_job"

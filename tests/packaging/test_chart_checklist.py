@@ -156,9 +156,12 @@ def test_pods_run_as_non_root_with_read_only_root(rendered: Rendered) -> None:
                 assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"]
                 assert sc["allowPrivilegeEscalation"] is False, f"{where}/{c['name']}"
                 continue
-            # The pusher's node-setup step is the one root container: CHOWN, nothing else.
+            # The pusher's node-setup step is the one root container: CHOWN, and FOWNER
+            # to chmod the state directory once it is the pusher's (test_pusher_node_setup).
             assert c["name"] == "node-setup", f"{where}: unexpected init container {c['name']}"
-            assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}, where
+            state = rendered.values.get("pusher", {}).get("stateHostPath")
+            caps = ["CHOWN", "FOWNER"] if state else ["CHOWN"]
+            assert sc["capabilities"] == {"drop": ["ALL"], "add": caps}, where
             assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged"), where
 
 
@@ -212,24 +215,28 @@ def test_pusher_options_render(everything: Rendered) -> None:
     script = setup["args"][0]
     assert "energy_uj" in script and "chgrp 10001" in script and "chmod g+r" in script
     assert "a+r" not in script, "RAPL counters must not become world-readable (PLATYPUS)"
-    assert "chown 10001:10001 /var/lib/kelvin/pusher" in script
+    assert "chown 10001:10001 /host/pusher-state" in script
 
 
 def test_features_needing_cluster_resources_are_off_by_default(default: Rendered) -> None:
     kinds = {o["kind"] for o in default.objects}
-    for kind in ("Ingress", "HorizontalPodAutoscaler", "StatefulSet", "NetworkPolicy"):
+    for kind in ("Ingress", "HorizontalPodAutoscaler", "NetworkPolicy", "Job"):
         assert kind not in kinds, f"{kind} rendered by default"
     assert not default.of_kind("ServiceMonitor", "PodMonitor")
-    # The allocator's placements are the one thing persisted by default (its purpose).
+    # Persisted by default: the allocator's placements and the collect agents' spools
+    # (what they acknowledged), nothing else (no bundled InfluxDB StatefulSet).
     claims = [o["metadata"]["name"] for o in default.of_kind("PersistentVolumeClaim")]
     assert claims == [f"{RELEASE}-allocator-state"]
+    (sts,) = default.of_kind("StatefulSet")
+    assert sts["metadata"]["name"] == f"{RELEASE}-collect-agent"
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["spool"]
 
 
-def test_scaling_command_of_the_docs_names_a_real_deployment(default: Rendered) -> None:
-    """`kubectl scale deployment/kelvin-collect-agent --replicas=5` with release `kelvin`."""
-    deployment = default.get("Deployment", "kelvin-collect-agent")
-    assert "replicas" in deployment["spec"]
-    assert "kubectl --namespace kelvin scale deployment/kelvin-collect-agent" in default.notes
+def test_scaling_command_of_the_docs_names_a_real_workload(default: Rendered) -> None:
+    """`kubectl scale statefulset/kelvin-collect-agent --replicas=5` with release `kelvin`."""
+    sts = default.get("StatefulSet", "kelvin-collect-agent")
+    assert "replicas" in sts["spec"]
+    assert "kubectl --namespace kelvin scale statefulset/kelvin-collect-agent" in default.notes
 
 
 def test_autoscaling_owns_the_replica_count(everything: Rendered) -> None:

@@ -118,9 +118,9 @@ def test_dev_overlay(dev: list[Obj]) -> None:
     influx = objs[("Service", "influxdb")]
     assert influx["spec"]["ports"][0]["port"] == 8086
     assert objs[("StatefulSet", "influxdb")]["spec"]["serviceName"] == "influxdb"
-    assert objs[("Deployment", "kelvin-collect-agent")]["spec"]["replicas"] == 1
+    assert objs[("StatefulSet", "kelvin-collect-agent")]["spec"]["replicas"] == 1
     for kind, name in [
-        ("Deployment", "kelvin-collect-agent"),
+        ("StatefulSet", "kelvin-collect-agent"),
         ("Deployment", "kelvin-query-api"),
         ("Deployment", "kelvin-allocator"),
         ("DaemonSet", "kelvin-pusher"),

@@ -75,7 +75,7 @@ def test_schema_refuses(chart: ChartRenderer, values: dict[str, Any], where: str
         ({"mqtt": {"mode": "external"}}, "mqtt.mode=external needs mqtt.external.host"),
         ({"storage": {"influxdb": {"url": ""}}}, "storage.influxdb.url is empty"),
         (
-            {"collectAgent": {"spool": {"persistence": {"enabled": True}}}},
+            {"collectAgent": {"kind": "Deployment"}},
             "gives one claim to one pod",
         ),
         ({"mqtt": {"builtin": {"tls": {"enabled": True}}}}, "needs mqtt.builtin.tls.secretName"),

@@ -69,6 +69,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $c := .Values.collectAgent -}}
 {{- $m := .Values.mqtt -}}
 {{- $out := dict "host" "0.0.0.0" "port" $c.service.httpPort "spool_dir" "/var/lib/kelvin/spool" "spool_max_bytes" (int64 $c.spool.maxBytes) "fsync" $c.spool.fsync -}}
+{{- $out = merge $out (include "kelvin.collectAgentSpoolConfig" . | fromYaml) -}}
 {{- if eq $m.mode "external" -}}
 {{- if not $m.external.host -}}
 {{- fail "mqtt.mode=external needs mqtt.external.host (the broker the pushers publish to)" -}}

@@ -81,6 +81,14 @@ it, so they must not contain `"` or `\`.
 {{- define "kelvin.collectAgentEnv" -}}
 {{- $auth := .Values.auth }}
 {{- $m := .Values.mqtt }}
+{{- if eq (include "kelvin.collectAgentSpoolMode" .) "shared" }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: KELVIN_COLLECT_AGENT_SPOOL_DIR
+  value: /var/lib/kelvin/spools/$(POD_NAME)
+{{- end }}
 {{- include "kelvin.storageEnv" . }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_API_TOKEN" "existing" $auth.existingSecret "key" $auth.collectAgentTokenKey "inline" $auth.collectAgentToken) }}
 {{- if eq $m.mode "external" }}

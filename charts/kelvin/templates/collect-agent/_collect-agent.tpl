@@ -1,8 +1,24 @@
+{{/*
+Where the spool lives: "shared" (one RWX claim, a directory per pod), "claims" (a
+StatefulSet's claim per pod), "claim" (one claim, one Deployment pod), "emptyDir".
+*/}}
+{{- define "kelvin.collectAgentSpoolMode" -}}
+{{- $c := .Values.collectAgent -}}
+{{- if $c.spool.shared.enabled -}}shared
+{{- else if and $c.spool.persistence.enabled (eq $c.kind "StatefulSet") -}}claims
+{{- else if $c.spool.persistence.enabled -}}claim
+{{- else -}}emptyDir
+{{- end -}}
+{{- end }}
+
 {{/* Why a spool configuration cannot work, or nothing. */}}
 {{- define "kelvin.collectAgentCheck" -}}
 {{- $c := .Values.collectAgent -}}
-{{- if and $c.spool.persistence.enabled (ne $c.kind "StatefulSet") (or $c.autoscaling.enabled (gt (int $c.replicas) 1)) -}}
-{{- fail "collectAgent.spool.persistence.enabled with kind=Deployment gives one claim to one pod: set collectAgent.replicas=1 and autoscaling off, or collectAgent.kind=StatefulSet for one spool PVC per pod" -}}
+{{- if and (eq (include "kelvin.collectAgentSpoolMode" .) "claim") (or $c.autoscaling.enabled (gt (int $c.replicas) 1)) -}}
+{{- fail "collectAgent.spool.persistence.enabled with kind=Deployment gives one claim to one pod: set collectAgent.replicas=1 and autoscaling off, collectAgent.kind=StatefulSet for one spool PVC per pod, or collectAgent.spool.shared for one ReadWriteMany claim" -}}
+{{- end -}}
+{{- if lt (int $c.terminationGracePeriodSeconds) (int $c.spool.drainMarginSeconds) -}}
+{{- fail "collectAgent.terminationGracePeriodSeconds is shorter than collectAgent.spool.drainMarginSeconds: the agent would have no time to drain its spool" -}}
 {{- end -}}
 {{- include "kelvin.mqttChecks" . -}}
 {{- end }}
@@ -20,7 +36,7 @@
 
 {{- define "kelvin.collectAgentMounts" -}}
 - name: spool
-  mountPath: /var/lib/kelvin/spool
+  mountPath: {{ ternary "/var/lib/kelvin/spools" "/var/lib/kelvin/spool" (eq (include "kelvin.collectAgentSpoolMode" .) "shared") }}
 {{- if and .Values.mqtt.builtin.tls.enabled (ne .Values.mqtt.mode "external") }}
 - name: mqtt-tls
   mountPath: /var/run/secrets/kelvin/mqtt-tls
@@ -28,22 +44,42 @@
 {{- end }}
 {{- end }}
 
-{{/* Pod volumes; a StatefulSet's spool PVC comes from its volumeClaimTemplates instead. */}}
+{{/* Pod volumes; a StatefulSet's spool PVCs come from its volumeClaimTemplates instead. */}}
 {{- define "kelvin.collectAgentVolumes" -}}
 {{- $c := .Values.collectAgent -}}
-{{- if not (and $c.spool.persistence.enabled (eq $c.kind "StatefulSet")) }}
+{{- $mode := include "kelvin.collectAgentSpoolMode" . -}}
+{{- $name := include "kelvin.componentName" (dict "root" . "component" "collect-agent") -}}
+{{- if eq $mode "shared" }}
 - name: spool
-{{- if $c.spool.persistence.enabled }}
   persistentVolumeClaim:
-    claimName: {{ $c.spool.persistence.existingClaim | default (printf "%s-spool" (include "kelvin.componentName" (dict "root" . "component" "collect-agent"))) }}
-{{- else }}
+    claimName: {{ $c.spool.shared.existingClaim | default (printf "%s-spools" $name) }}
+{{- else if eq $mode "claim" }}
+- name: spool
+  persistentVolumeClaim:
+    claimName: {{ $c.spool.persistence.existingClaim | default (printf "%s-spool" $name) }}
+{{- else if eq $mode "emptyDir" }}
+- name: spool
   emptyDir:
     {{- toYaml $c.spool.emptyDir | nindent 4 }}
-{{- end }}
 {{- end }}
 {{- if and .Values.mqtt.builtin.tls.enabled (ne .Values.mqtt.mode "external") }}
 - name: mqtt-tls
   secret:
     secretName: {{ include "kelvin.mqttTlsSecretName" . }}
 {{- end }}
+{{- end }}
+
+{{/* Spool settings that follow from the volume: drain time, peers, what an emptyDir risks. */}}
+{{- define "kelvin.collectAgentSpoolConfig" -}}
+{{- $c := .Values.collectAgent -}}
+{{- $mode := include "kelvin.collectAgentSpoolMode" . -}}
+{{- $out := dict "drain_timeout_s" (sub (int $c.terminationGracePeriodSeconds) (int $c.spool.drainMarginSeconds)) -}}
+{{- if eq $mode "shared" -}}
+{{- $_ := set $out "spool_peers_dir" "/var/lib/kelvin/spools" -}}
+{{- $_ := set $out "orphan_scan_s" $c.spool.shared.orphanScanSeconds -}}
+{{- end -}}
+{{- if eq $mode "emptyDir" -}}
+{{- $_ := set $out "spool_ephemeral" true -}}
+{{- end -}}
+{{- toYaml $out -}}
 {{- end }}

@@ -28,7 +28,8 @@
 {{/*
 Init container run as root before the pusher: makes the RAPL counters readable by
 the pusher's group and/or hands the host state directory to the pusher's user.
-It needs CAP_CHOWN and nothing else.
+It needs CAP_CHOWN, and CAP_FOWNER for the state directory: once it belongs to the
+pusher (the chown, or the previous pod start), root may chmod it only with FOWNER.
 */}}
 {{- define "kelvin.pusherSetup" -}}
 - name: node-setup
@@ -39,7 +40,8 @@ It needs CAP_CHOWN and nothing else.
       {{- .script | nindent 6 }}
   securityContext:
     {{- $sc := deepCopy .ctx.values.nodeSetup.securityContext }}
-    {{- $_ := set $sc "capabilities" (dict "drop" (list "ALL") "add" (list "CHOWN")) }}
+    {{- $caps := ternary (list "CHOWN" "FOWNER") (list "CHOWN") (not (empty .state)) }}
+    {{- $_ := set $sc "capabilities" (dict "drop" (list "ALL") "add" $caps) }}
     {{- toYaml $sc | nindent 4 }}
   volumeMounts:
     {{- if .rapl }}
@@ -48,6 +50,6 @@ It needs CAP_CHOWN and nothing else.
     {{- end }}
     {{- if .state }}
     - name: state
-      mountPath: /var/lib/kelvin/pusher
+      mountPath: /host/pusher-state
     {{- end }}
 {{- end }}
