@@ -26,6 +26,7 @@ from services.common.storage.sqlite import SqliteStorage
 from services.pusher import mqtt, spool
 from services.pusher.app import PusherService
 from tests.pusher.conftest import AGENT_LOGIN, Collector, make_config, running, start_agent
+from tests.support.auth import AUTH_SECTION
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,7 @@ def _pusher_process(tmp_path: Path, http: int, broker: int) -> subprocess.Popen[
                     "plugins": {"tester": {"sensors": 3, "interval": 50}},
                 },
                 "logging": {"level": "WARNING"},
+                "auth": AUTH_SECTION,  # no token file generated under cwd (the checkout)
             }
         )
     )
