@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from services.common import logs
-from services.common.auth import AuthError, Role, Tokens, is_loopback, resolve_tokens
+from services.common.auth import (
+    AuthError,
+    Role,
+    Tokens,
+    is_hashed,
+    is_loopback,
+    resolve_tokens,
+)
 from services.common.auth_settings import load_auth
 from services.common.config import Config, LoggingSettings
 from services.common.errors import ConfigError, KelvinError, PortInUseError
@@ -190,8 +197,42 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
     return cfg
 
 
+def _configured(cfg: Config, section: str, key: str) -> bool:
+    """Whether ``section.key`` is set in the file, by a flag or in the environment."""
+    return (
+        key in cfg.section(section)
+        or key in cfg.overrides.get(section, {})
+        or f"KELVIN_{section.upper()}_{key.upper()}" in os.environ
+    )
+
+
 def _host_configured(cfg: Config, section: str) -> bool:
-    return "host" in cfg.section(section) or f"KELVIN_{section.upper()}_HOST" in os.environ
+    return _configured(cfg, section, "host")
+
+
+MQTT_LOGINS: dict[str, tuple[Role, str]] = {
+    "pusher": (Role.WRITE, "kelvin-pusher"),
+    "allocator": (Role.ADMIN, "kelvin-allocator"),
+}
+"""``kelvin up``'s publishers: the token each logs in to the collect agent's MQTT endpoint
+with (the allocator's job records need more than ``write``), and its user name."""
+
+
+def mqtt_logins(cfg: Config, tokens: Tokens) -> None:
+    """Under ``kelvin up`` the collect agent's MQTT endpoint takes logins only (tokens
+    exist): its own pusher and allocator log in with their role's token as the password
+    (docs/mqtt.md), unless a password (or password file) is configured for them."""
+    for section, (role, user) in MQTT_LOGINS.items():
+        token = tokens.by_role.get(role)
+        if not token or is_hashed(token):  # a verifier is no password to send
+            continue
+        if _configured(cfg, section, "mqtt_password") or _configured(
+            cfg, section, "mqtt_password_file"
+        ):
+            continue
+        if not _configured(cfg, section, "mqtt_username"):
+            cfg.set(section, "mqtt_username", user)
+        cfg.set(section, "mqtt_password", token)
 
 
 def prepare_auth(cfg: Config, names: Sequence[str]) -> Tokens | None:
@@ -289,6 +330,8 @@ def _start(names: Sequence[str], cfg: Config) -> int:
     logset = cfg.load(LoggingSettings)
     logs.setup(logset.level, logset.json_format)
     tokens = prepare_auth(cfg, names)
+    if tokens is not None and cfg.profile in ("up", "demo"):
+        mqtt_logins(cfg, tokens)
     try:
         asyncio.run(_serve(names, cfg, tokens))
     except PortInUseError as exc:

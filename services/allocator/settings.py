@@ -108,6 +108,13 @@ class Settings(SectionSettings):
     """Broker login for publishing (e.g. one of the collect agent's ``mqtt_users``); None = anonymous."""
     mqtt_password: str | None = None
     """Password of ``mqtt_username`` (set it through ``KELVIN_ALLOCATOR_MQTT_PASSWORD``)."""
+    mqtt_password_file: Path | None = None
+    """File holding the password when ``mqtt_password`` is unset (the chart's init container
+    writes the allocator's derived password there)."""
+    mqtt_tls: bool = False
+    """Publish over TLS, verifying the brokers' certificates."""
+    mqtt_tls_ca: Path | None = None
+    """CA bundle (PEM) to verify the brokers with (None: the system's CAs)."""
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
     sensor_map: dict[str, Any] | None = None
