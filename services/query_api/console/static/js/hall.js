@@ -203,6 +203,7 @@ export class HallView {
   paint() {
     const hall = this.hall;
     if (!hall) return;
+    jobWord = hall.cluster === "external" ? "Slurm job" : "job"; // the allocator follows Slurm
     this.els.plan.classList.remove("stale-view");
     const t = hall.totals || {};
     const redline = hall.redline_c ?? DEFAULT_REDLINE_C;
@@ -226,7 +227,7 @@ export class HallView {
       c.t1.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
       c.t2.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
       c.t1.textContent = absent ? "absent" : tin === null ? "no data" : show(tin);
-      c.t2.textContent = absent ? "" : n.busy ? jobLabel(n.job) : "idle";
+      c.t2.textContent = absent ? "" : n.busy ? jobLabel(n.job) : n.available === false ? "unavailable" : "idle";
       c.stale.setAttribute("visibility", !absent && this.mode !== "predicted" && tin === null ? "visible" : "hidden");
       c.g.dataset.index = String(n.index);
       c.g.dataset.busy = String(!!n.busy);
@@ -370,9 +371,12 @@ export class HallView {
   }
 }
 
-/** "job 17" for a bare number, the allocator's id ("j17") as it is otherwise. */
+let jobWord = "job";
+
+/** "job 17" ("Slurm job 17" when the allocator follows Slurm) for a bare number, the
+ * allocator's id ("j17") as it is otherwise. */
 function jobLabel(job) {
-  return job === null || job === undefined ? "job ?" : /^\d+$/.test(String(job)) ? `job ${job}` : String(job);
+  return job === null || job === undefined ? `${jobWord} ?` : /^\d+$/.test(String(job)) ? `${jobWord} ${job}` : String(job);
 }
 
 /** A difference with its sign: "+0.3", "−1.2", "±0.0" when it rounds to nothing. */
