@@ -21,16 +21,26 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
+# A C compiler and Python's headers for Kelvin's compiled core (setup.py; only this stage
+# has them: the runtime stage gets the built module in the venv). Debian's python3 keeps
+# its headers in python3-dev; the python image has them already.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+    && { python3 -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+         || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-dev; } \
+    && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/kelvin
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone, so a source change reuses this layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py ./
 RUN mkdir services && touch services/__init__.py \
     && /opt/kelvin/bin/pip install ".[plugins]" \
     && /opt/kelvin/bin/pip uninstall --yes kelvin
 COPY services ./services
-# A regular (not editable) install: the package lands in site-packages, with its data files.
+# A regular (not editable) install: the package lands in site-packages, with its data files
+# and the compiled core, which must have been built (the image runs the fast paths).
 RUN /opt/kelvin/bin/pip install --no-deps . \
+    && /opt/kelvin/bin/python -c "from services.common import native; assert native.module(), native.describe()" \
     && /opt/kelvin/bin/python -m compileall -q /opt/kelvin/lib
 
 # ---------------------------------------------------------------- runtime

@@ -103,6 +103,8 @@ def test_every_target_builds_and_runs_as_10001_on_a_read_only_root(images: str) 
     )
     assert out.stdout.strip() == "10001:10001"
     assert "ipmitool version" in _run(RELEASE, "-V", opts=("--entrypoint", "ipmitool"))
+    describe = "from services.common import native; print(native.describe())"
+    assert _run(RELEASE, "-c", describe, opts=("--entrypoint", "python")).strip() == "compiled core"
     # The dev target: its entrypoint restarts kelvin on a change; here it only has to exist.
     assert "watchfiles" in _run(DEV, "/usr/local/bin/kelvin-dev", opts=("--entrypoint", "cat"))
 
