@@ -40,7 +40,7 @@ COPY services ./services
 # A regular (not editable) install: the package lands in site-packages, with its data files
 # and the compiled core, which must have been built (the image runs the fast paths).
 RUN /opt/kelvin/bin/pip install --no-deps . \
-    && /opt/kelvin/bin/python -c "from services.common import native; assert native.module(), native.describe()" \
+    && (cd / && /opt/kelvin/bin/python -c "from services.common import native; assert native.module(), native.describe()") \
     && /opt/kelvin/bin/python -m compileall -q /opt/kelvin/lib
 
 # ---------------------------------------------------------------- runtime

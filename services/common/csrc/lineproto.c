@@ -51,15 +51,18 @@ static const double POW10[23] = {
 
 /* ------------------------------------------------------------------ hash tables */
 
+#define INLINE_KEY 32
+
 typedef struct {
     uint64_t hash; /* 0: empty */
-    uint32_t off, len;
-    int32_t owner; /* field entries: the series' id; series entries: -1 */
-    int32_t id;    /* series entries: the series' id */
     PyObject *value;
     /* series: the name head (str) or NULL when the reference must take its lines;
        field: the sensor name (str) or NULL likewise */
-} Slot;
+    uint32_t off, len; /* the whole key in the arena */
+    int32_t owner;     /* field entries: the series' id; series entries: -1 */
+    int32_t id;        /* series entries: the series' id */
+    unsigned char head[INLINE_KEY]; /* its first bytes: most keys compare without the arena */
+} Slot;                             /* 64 bytes, one cache line */
 
 typedef struct {
     Slot *slots;
@@ -105,12 +108,19 @@ static uint64_t hash_bytes(uint64_t h, const unsigned char *p, size_t n) {
     return h ? h : 1;
 }
 
-static int table_init(Table *t, size_t cap) {
-    t->slots = PyMem_Calloc(cap, sizeof(Slot));
-    if (t->slots == NULL) {
+static Slot *slots_new(size_t cap) {
+    Slot *slots = aligned_alloc(64, cap * sizeof(Slot)); /* a slot per cache line */
+    if (slots == NULL) {
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
+    memset(slots, 0, cap * sizeof(Slot));
+    return slots;
+}
+
+static int table_init(Table *t, size_t cap) {
+    t->slots = slots_new(cap);
+    if (t->slots == NULL) return -1;
     t->mask = cap - 1;
     t->used = 0;
     return 0;
@@ -119,19 +129,26 @@ static int table_init(Table *t, size_t cap) {
 static void table_free(Table *t) {
     if (t->slots == NULL) return;
     for (size_t i = 0; i <= t->mask; i++) Py_CLEAR(t->slots[i].value);
-    PyMem_Free(t->slots);
+    free(t->slots);
     t->slots = NULL;
     t->used = 0;
+}
+
+static inline void table_prefetch(const Table *t, uint64_t h) {
+    __builtin_prefetch(&t->slots[h & t->mask]);
 }
 
 static Slot *table_find(Table *t, const unsigned char *arena, uint64_t h, int32_t owner,
                         const unsigned char *key, uint32_t len) {
     size_t i = h & t->mask;
+    uint32_t in = len < INLINE_KEY ? len : INLINE_KEY;
     for (;;) {
         Slot *s = &t->slots[i];
         if (s->hash == 0) return s;
         if (s->hash == h && s->len == len && s->owner == owner &&
-            memcmp(arena + s->off, key, len) == 0)
+            memcmp(s->head, key, in) == 0 &&
+            (len <= INLINE_KEY ||
+             memcmp(arena + s->off + INLINE_KEY, key + INLINE_KEY, len - INLINE_KEY) == 0))
             return s;
         i = (i + 1) & t->mask;
     }
@@ -141,18 +158,15 @@ static int table_grow(Table *t) {
     size_t cap = 2 * (t->mask + 1);
     Slot *old = t->slots;
     size_t old_cap = t->mask + 1;
-    Slot *slots = PyMem_Calloc(cap, sizeof(Slot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    Slot *slots = slots_new(cap);
+    if (slots == NULL) return -1;
     for (size_t i = 0; i < old_cap; i++) {
         if (old[i].hash == 0) continue;
         size_t j = old[i].hash & (cap - 1);
         while (slots[j].hash) j = (j + 1) & (cap - 1);
         slots[j] = old[i];
     }
-    PyMem_Free(old);
+    free(old);
     t->slots = slots;
     t->mask = cap - 1;
     return 0;
@@ -174,6 +188,7 @@ static Slot *table_put(LineTables *self, Table *t, Slot *s, uint64_t h, int32_t 
         self->acap = cap;
     }
     memcpy(self->arena + self->alen, key, len);
+    memcpy(s->head, key, len < INLINE_KEY ? len : INLINE_KEY);
     s->hash = h;
     s->off = (uint32_t)self->alen;
     s->len = len;
@@ -431,8 +446,18 @@ static uint64_t digits(const unsigned char *p, Py_ssize_t len) {
     return v;
 }
 
-static Slot *series_of(LineTables *self, const unsigned char *key, Py_ssize_t len) {
-    uint64_t h = hash_bytes(self->seed, key, (size_t)len);
+static inline uint64_t series_hash(const LineTables *self, const unsigned char *key,
+                                   Py_ssize_t len) {
+    return hash_bytes(self->seed, key, (size_t)len);
+}
+
+/* A field's hash from its series' key hash and its own bytes (so it can be known, and
+   its slot fetched, before the series is looked up). */
+static inline uint64_t field_hash(uint64_t series_h, const unsigned char *key, Py_ssize_t len) {
+    return hash_bytes(series_h * 0xC2B2AE3D27D4EB4FULL + 0x165667B19E3779F9ULL, key, (size_t)len);
+}
+
+static Slot *series_of(LineTables *self, uint64_t h, const unsigned char *key, Py_ssize_t len) {
     Slot *s = table_find(&self->series, self->arena, h, -1, key, (uint32_t)len);
     if (s->hash) return s;
     PyObject *raw = PyBytes_FromStringAndSize((const char *)key, len);
@@ -446,14 +471,12 @@ static Slot *series_of(LineTables *self, const unsigned char *key, Py_ssize_t le
     return got;
 }
 
-static Slot *field_of(LineTables *self, Slot *series, const unsigned char *key,
+static Slot *field_of(LineTables *self, Slot *series, uint64_t h, const unsigned char *key,
                       Py_ssize_t len) {
     int32_t owner = series->id;
-    uint64_t h = hash_bytes(self->seed ^ ((uint64_t)(uint32_t)owner * 0xC2B2AE3D27D4EB4FULL),
-                            key, (size_t)len);
     Slot *s = table_find(&self->fields, self->arena, h, owner, key, (uint32_t)len);
     if (s->hash) return s;
-    PyObject *head = series->value; /* the series slot may move below: read it first */
+    PyObject *head = series->value;
     Py_INCREF(head);
     PyObject *raw = PyBytes_FromStringAndSize((const char *)key, len);
     if (raw == NULL) {
@@ -470,17 +493,59 @@ static Slot *field_of(LineTables *self, Slot *series, const unsigned char *key,
     return got;
 }
 
-/* Parse the line at ``pos``; on TAKEN its readings are in ``out`` and *at is its
-   newline (or n); on PUNT *at is where the fast path stopped (within the line). */
-static int take_line(LineTables *self, const Body *bd, Py_ssize_t pos, long long lineno,
-                     Out *out, Py_ssize_t *strings, Py_ssize_t *at, Stamp *stamp) {
+/* What the scan of a line found, for the lookups that follow (see LineTables_parse). */
+typedef struct {
+    long long lineno, ts;
+    Py_ssize_t pos, key_len, end; /* end: its newline (or the body's end) */
+    uint64_t h;                   /* its series key's hash */
+    Py_ssize_t first, count;      /* its numeric fields in the field records */
+    Py_ssize_t strings;
+} LineRec;
+
+typedef struct {
+    Py_ssize_t k0, klen;
+    uint64_t h;
+    double v;
+} FieldRec;
+
+#define BLOCK 256 /* lines scanned, and their slots fetched, before they are looked up */
+
+typedef struct {
+    LineRec lines[BLOCK];
+    FieldRec *fields;
+    Py_ssize_t nlines, nfields, fcap;
+} Block;
+
+static int block_field(Block *bl, FieldRec **f) {
+    if (bl->nfields == bl->fcap) {
+        Py_ssize_t cap = bl->fcap ? 2 * bl->fcap : 1024;
+        FieldRec *fields = PyMem_Realloc(bl->fields, (size_t)cap * sizeof *fields);
+        if (fields == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        bl->fields = fields;
+        bl->fcap = cap;
+    }
+    *f = &bl->fields[bl->nfields++];
+    return 0;
+}
+
+/* Scan the line at ``pos``: on TAKEN its record (and its fields') is the next of the
+   block and *at is its newline (or n); on PUNT *at is where the scan stopped (within
+   the line). The series and field tables are not consulted yet; their slots are
+   fetched into the cache for the lookups that follow. */
+static int scan_line(LineTables *self, const Body *bd, Py_ssize_t pos, long long lineno,
+                     Block *bl, Py_ssize_t *at, Stamp *stamp) {
     const unsigned char *b = bd->b;
     Py_ssize_t n = bd->n, i = pos;
+    Py_ssize_t mark = bl->nfields;
     int k;
-#define STOP(where)   \
-    do {              \
-        *at = (where); \
-        return PUNT;  \
+#define STOP(where)             \
+    do {                        \
+        *at = (where);          \
+        bl->nfields = mark;     \
+        return PUNT;            \
     } while (0)
 #define KIND_AT(j) ((j) == n ? K_NL : KIND[b[j]])
     while (KIND[b[i]] == K_TEXT) i++;
@@ -496,11 +561,15 @@ static int take_line(LineTables *self, const Body *bd, Py_ssize_t pos, long long
         k = KIND_AT(i);
     }
     if (k != K_SP || i - pos > MAX_KEY) STOP(i);
-    Slot *series = series_of(self, b + pos, i - pos);
-    if (series == NULL) return FAILED;
-    if (series->value == NULL) STOP(i);
+    LineRec *rec = &bl->lines[bl->nlines];
+    rec->lineno = lineno;
+    rec->pos = pos;
+    rec->key_len = i - pos;
+    rec->h = series_hash(self, b + pos, i - pos);
+    table_prefetch(&self->series, rec->h);
+    rec->first = mark;
+    rec->strings = 0;
     i++;
-    size_t first = out->n;
     for (;;) {
         Py_ssize_t k0 = i;
         while (KIND[b[i]] == K_TEXT) i++;
@@ -513,20 +582,19 @@ static int take_line(LineTables *self, const Body *bd, Py_ssize_t pos, long long
             while (IN_QUOTES[b[j]] == 0) j++;
             if (j == n || b[j] != '"') STOP(j);
             i = j + 1;
-            ++*strings;
+            rec->strings++;
         } else {
             Py_ssize_t v0 = i;
             while (KIND[b[i]] == K_TEXT) i++;
             double v;
             if (i == v0 || !parse_value(b + v0, i - v0, &v)) STOP(i);
-            Slot *f = field_of(self, series, b + k0, klen);
-            if (f == NULL) return FAILED;
-            if (f->value == NULL) STOP(i);
-            if (out_room(out) < 0) return FAILED;
-            out->names[out->n] = f->value;
-            out->vs[out->n] = v;
-            out->line[out->n] = lineno;
-            out->n++; /* (only the fields table grew: ``series`` still points at its slot) */
+            FieldRec *f;
+            if (block_field(bl, &f) < 0) return FAILED;
+            f->k0 = k0;
+            f->klen = klen;
+            f->h = field_hash(rec->h, b + k0, klen);
+            f->v = v;
+            table_prefetch(&self->fields, f->h);
         }
         k = KIND_AT(i);
         if (k != K_COMMA) break;
@@ -552,11 +620,59 @@ static int take_line(LineTables *self, const Body *bd, Py_ssize_t pos, long long
     } else if (k != K_NL) {
         STOP(i);
     }
-    for (size_t r = first; r < out->n; r++) out->ts[r] = ts;
+    rec->ts = ts;
+    rec->end = i;
+    rec->count = bl->nfields - mark;
+    bl->nlines++;
     *at = i;
     return TAKEN;
 #undef STOP
 #undef KIND_AT
+}
+
+/* Look up the series and fields of the block's lines (their slots fetched by the scan)
+   and write the readings of every line whose names the fast path has; the others go to
+   ``rest`` for the reference parser. */
+static int resolve_block(LineTables *self, const Body *bd, Block *bl, Out *out,
+                         PyObject *rest, Py_ssize_t *lines, Py_ssize_t *strings) {
+    const unsigned char *b = bd->b;
+    for (Py_ssize_t li = 0; li < bl->nlines; li++) {
+        LineRec *rec = &bl->lines[li];
+        Slot *series = series_of(self, rec->h, b + rec->pos, rec->key_len);
+        if (series == NULL) return -1;
+        int ok = series->value != NULL;
+        size_t mark = out->n;
+        for (Py_ssize_t j = 0; ok && j < rec->count; j++) {
+            FieldRec *f = &bl->fields[rec->first + j];
+            Slot *slot = field_of(self, series, f->h, b + f->k0, f->klen);
+            if (slot == NULL) return -1;
+            if (slot->value == NULL) {
+                ok = 0;
+                break;
+            }
+            if (out_room(out) < 0) return -1;
+            __builtin_prefetch(slot->value, 1); /* its reference count, when listed */
+            out->names[out->n] = slot->value;
+            out->vs[out->n] = f->v;
+            out->ts[out->n] = rec->ts;
+            out->line[out->n] = rec->lineno;
+            out->n++;
+        }
+        if (ok) {
+            ++*lines;
+            *strings += rec->strings;
+            continue;
+        }
+        out->n = mark;
+        PyObject *item = Py_BuildValue("(Lnn)", rec->lineno, rec->pos, rec->end);
+        if (item == NULL || PyList_Append(rest, item) < 0) {
+            Py_XDECREF(item);
+            return -1;
+        }
+        Py_DECREF(item);
+    }
+    bl->nlines = bl->nfields = 0;
+    return 0;
 }
 
 static Py_ssize_t skip_whitespace(const unsigned char *b, Py_ssize_t n, Py_ssize_t i) {
@@ -596,31 +712,35 @@ static PyObject *LineTables_parse(LineTables *self, PyObject *args) {
     long long lineno = 1;
     Out out = {0};
     Stamp stamp = {0, 0, 0};
+    Block *bl = PyMem_Calloc(1, sizeof(Block));
     PyObject *rest = PyList_New(0), *result = NULL;
-    if (rest == NULL) return NULL;
+    if (rest == NULL || bl == NULL) {
+        Py_XDECREF(rest);
+        PyMem_Free(bl);
+        return PyErr_NoMemory();
+    }
     Py_INCREF(body_obj); /* a callback must not free it under us */
     while (pos < n) {
+        if (bl->nlines == BLOCK && resolve_block(self, &bd, bl, &out, rest, &lines, &strings) < 0)
+            goto done;
         unsigned char c0 = b[pos];
         if (c0 == '\n') {
             lineno++;
             pos++;
             continue;
         }
-        size_t mark = out.n;
-        Py_ssize_t got_strings = 0, at = pos;
+        Py_ssize_t at = pos;
         int r = PUNT;
         if (KIND[c0] == K_TEXT && c0 != '#') {
-            r = take_line(self, &bd, pos, lineno, &out, &got_strings, &at, &stamp);
+            r = scan_line(self, &bd, pos, lineno, bl, &at, &stamp);
             if (r == FAILED) goto done;
         }
         if (r == TAKEN) {
-            lines++;
-            strings += got_strings;
             lineno++;
             pos = at + 1;
             continue;
         }
-        out.n = mark; /* the general path: the reference parser decides this line */
+        /* the general path: the reference parser decides this line */
         const unsigned char *nl = memchr(b + at, '\n', (size_t)(n - at));
         Py_ssize_t e = nl ? nl - b : n, end = e;
         if (memchr(b + pos, '\\', (size_t)(e - pos)) || memchr(b + pos, '"', (size_t)(e - pos)))
@@ -638,6 +758,8 @@ static PyObject *LineTables_parse(LineTables *self, PyObject *args) {
         lineno += count_newlines(b, pos, end) + 1;
         pos = end + 1;
     }
+    if (resolve_block(self, &bd, bl, &out, rest, &lines, &strings) < 0) goto done;
+    if (PyList_Sort(rest) < 0) goto done; /* (lines punted by the lookups come later) */
     PyObject *names = PyList_New((Py_ssize_t)out.n);
     if (names == NULL) goto done;
     for (size_t r = 0; r < out.n; r++) {
@@ -654,6 +776,8 @@ done:
     Py_DECREF(body_obj);
     Py_DECREF(rest);
     out_free(&out);
+    PyMem_Free(bl->fields);
+    PyMem_Free(bl);
     return result;
 }
 
