@@ -16,8 +16,9 @@ class JobStream(BaseModel):
 
     enabled: bool | None = None
     """None: on only under the demo profile."""
-    mean_interval_s: float = Field(1.0, gt=0)
-    """Mean time between submissions (exponential)."""
+    mean_interval_s: float = Field(3.0, gt=0)
+    """Mean time between submissions (exponential); 3 s keeps the simulated hall's hottest inlet
+    under its redline under a thermal-aware policy most of the time, and a poor policy over it."""
     runtime_s: tuple[float, float] = (2.0, 10.0)
     """Job runtime, uniform in [low, high] seconds (stretched by Lf)."""
     sizes: tuple[int, int] = (1, 8)

@@ -7,17 +7,20 @@ job; without it busy -> the hall's busy power, idle -> idle power). What a
 node draws at the sampled instant comes from
 :mod:`services.pusher.plugins.datacenter_load`: busy nodes alternate compute
 (3500 W) and communication (2700 W) phases whose time average is the
-allocator's figure, and every node's utilisation jitters. The inlet
-temperatures follow from the hall's thermal model
-(:mod:`services.common.thermal`, ``Tin = Tsup + D·P``, steady state: no
-thermal lag), sensor noise is added and the plugin publishes:
+allocator's figure, and every node's utilisation jitters. The hall answers
+through :mod:`services.common.hall_physics`: each node's heat output follows
+its power with the hall's thermal lag (``time_constant_s``), the inlets are
+``Tsup + D·Q`` (:mod:`services.common.thermal`), and a CRAC moves its supply
+temperature at a bounded rate to keep the hottest inlet ``margin_c`` under
+the redline. Sensor noise is added and the plugin publishes:
 
-* ``/hall/row<r>/rack<k>/node<s>/power`` (W) and ``.../inlet_temp`` (°C) per node,
-  the names :func:`services.common.thermal.node_sensor` defines (the allocator's
-  calibration reads them);
-* ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the model's CRAC
-  power at the raised supply temperature) and ``/hall/supply_temp`` (°C, the
-  supply the inlet temperatures are computed with) with ``totals: true``.
+* ``/hall/row<r>/rack<k>/node<s>/power`` (W), ``.../inlet_temp`` and
+  ``.../outlet_temp`` (°C) per node, the names
+  :func:`services.common.thermal.node_sensor` defines (the allocator's
+  calibration reads power and inlet);
+* ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the CRAC's
+  power: the heat the air carries back over the CoP at the supply) and
+  ``/hall/supply_temp`` (°C, the CRAC's supply air) with ``totals: true``.
 
 The hall is the reference hall or a hall file (``hall_file``), i.e. the "true"
 physics; the allocator may hold a calibrated model of it. When the allocator
@@ -37,6 +40,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from services.common.errors import ConfigError, KelvinError
+from services.common.hall_physics import HallPhysics, Physics
 from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
@@ -84,6 +88,27 @@ class DatacenterConfig(PluginConfig):
     seed: int | None = None
     """Noise seed (None = a fresh one per start)."""
     totals: bool = True
+    outlets: bool = True
+    """Also publish every node's outlet temperature."""
+    time_constant_s: float = Field(Physics.time_constant_s, ge=0)
+    """Thermal lag: a node's heat output follows its power with this time constant (s; 0 = none)."""
+    supply_min_c: float = Physics.supply_min_c
+    """The CRAC's lowest supply temperature (°C)."""
+    supply_max_c: float = Physics.supply_max_c
+    """The CRAC's highest supply temperature (°C)."""
+    supply_rate_c_per_min: float = Field(Physics.supply_rate_c_per_s * 60, gt=0)
+    """Fastest change of the CRAC's supply temperature (°C per minute)."""
+    margin_c: float = Field(Physics.margin_c, ge=0)
+    """The CRAC aims the hottest inlet this far under the hall's redline (°C)."""
+
+    def physics(self) -> Physics:
+        return Physics(
+            time_constant_s=self.time_constant_s,
+            supply_min_c=self.supply_min_c,
+            supply_max_c=self.supply_max_c,
+            supply_rate_c_per_s=self.supply_rate_c_per_min / 60,
+            margin_c=self.margin_c,
+        )
 
 
 @dataclass(frozen=True)
@@ -199,6 +224,10 @@ class DatacenterPlugin(Plugin):
         )
         self.rng = np.random.default_rng(cfg.seed)
         self.placement = Placement.idle(hall)
+        try:
+            self.physics = HallPhysics(hall, cfg.physics())
+        except ValueError as exc:
+            raise ConfigError(f"datacenter plugin {self.context.instance!r}: {exc}") from exc
         self.load = NodeLoad(
             LoadSettings(
                 compute_w=hall.busy_power_w,
@@ -221,6 +250,11 @@ class DatacenterPlugin(Plugin):
             Sensor(node_sensor(hall, i, "inlet_temp", prefix), sopts, "°C")
             for i in range(hall.n_nodes)
         ]
+        if cfg.outlets:
+            sensors += [
+                Sensor(node_sensor(hall, i, "outlet_temp", prefix), sopts, "°C")
+                for i in range(hall.n_nodes)
+            ]
         if cfg.totals:
             sensors += [
                 Sensor(f"{prefix}/power", sopts, "W", integrable=True),
@@ -233,19 +267,23 @@ class DatacenterPlugin(Plugin):
         """One noisy measurement of the hall at ``timestamp_ns`` for the current placement."""
         cfg = self.config
         assert isinstance(cfg, DatacenterConfig)
-        hall, n, pl = self.hall, self.hall.n_nodes, self.placement
-        true_w = self.load.powers_w(timestamp_ns / 1e9, pl.powers_w, pl.busy, pl.jobs)
-        inlet = hall.inlet_c(true_w)
-        power = true_w
+        n, pl = self.hall.n_nodes, self.placement
+        now_s = timestamp_ns / 1e9
+        true_w = self.load.powers_w(now_s, pl.powers_w, pl.busy, pl.jobs)
+        hall = self.physics.step(now_s, true_w)
+        power, inlet, outlet = true_w, hall.inlet_c, hall.outlet_c
         if cfg.noise_power_w:
             power = np.maximum(power + self.rng.normal(0.0, cfg.noise_power_w, n), 0.0)
         if cfg.noise_temp_c:
             inlet = inlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
+            if cfg.outlets:
+                outlet = outlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
         absent = ~pl.present
         parts = [np.where(absent, np.nan, power), np.where(absent, np.nan, inlet)]
+        if cfg.outlets:
+            parts.append(np.where(absent, np.nan, outlet))
         if cfg.totals:
-            totals = [float(true_w.sum()), hall.cooling_power_w(true_w), hall.supply_c]
-            parts.append(np.array(totals))
+            parts.append(np.array([float(true_w.sum()), hall.cooling_w, hall.supply_c]))
         return np.concatenate(parts)
 
     async def close(self) -> None:
