@@ -10,6 +10,7 @@ have mosquitto_pub || need+=(mosquitto-clients)
 have influxd || need+=(influxdb)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have collectd || need+=(collectd-core)  # bench_pusher: the peer a site would run instead
 have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)

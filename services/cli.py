@@ -2,7 +2,10 @@
 
 ``kelvin run <service>`` starts one service as its container does; ``kelvin up``
 runs all four in one process on the embedded defaults (the collect agent is
-the MQTT endpoint, storage is SQLite under ``--data-dir``). Tool commands
+the MQTT endpoint, storage is SQLite under ``--data-dir``). Both need credentials
+(docs/security.md): tokens not configured are generated once into
+``<data dir>/auth/tokens.json`` and printed with the console address the first
+time; ``--insecure`` runs open, and then only on loopback by default. Tool commands
 (``query``, ``config``, ``csvimport``, ``allocator ...``, ``plugin ...``) are
 registered by each service's ``cli`` module.
 
@@ -15,15 +18,18 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from services.common import logs
+from services.common.auth import AuthError, Role, Tokens, is_loopback, resolve_tokens
+from services.common.auth_settings import load_auth
+from services.common.config import Config, LoggingSettings
 from services.common.errors import ConfigError, KelvinError, PortInUseError
 from services.common.service import Service, install_stop_signals, run_services
-from services.common.settings import Config, LoggingSettings
 
 log = logging.getLogger("kelvin")
 
@@ -35,7 +41,8 @@ SERVICES: dict[str, str] = {
 }
 """CLI name -> module with ``create_service(config) -> Service``, in ``kelvin up`` start order."""
 
-SECTIONS = {"storage", "logging", "collect_agent", "query_api", "allocator", "pusher"}
+SECTIONS = {"storage", "logging", "auth", "collect_agent", "query_api", "allocator", "pusher"}
+HTTP_SECTIONS = ("collect_agent", "query_api", "allocator", "pusher")
 
 TOOL_MODULES = (
     "services.query_api.cli",
@@ -58,7 +65,17 @@ def _service_flags(p: argparse.ArgumentParser, up: bool) -> None:
         type=Path,
         help="where SQLite, the spool and allocator state live",
     )
-    g.add_argument("--host", help="bind address (default 127.0.0.1 for 'up', 0.0.0.0 for 'run')")
+    g.add_argument(
+        "--host",
+        help="bind address (default 127.0.0.1 for 'up'; for 'run' 0.0.0.0, or 127.0.0.1 "
+        "with --insecure)",
+    )
+    g.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no credentials at all (auth.mode: none): anyone who can connect may change "
+        "anything; logs a warning and the console shows a banner",
+    )
     g.add_argument(
         "--mqtt-port", type=int, metavar="PORT", help="collect agent MQTT port (default 1883)"
     )
@@ -95,13 +112,22 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
     cfg = Config(args.config)
     cfg.check_sections(SECTIONS)
     cfg.profile = profile
+    if args.insecure:
+        cfg.set("auth", "mode", "none", "--insecure")
+    insecure = load_auth(cfg).insecure
     host = args.host or ("127.0.0.1" if profile in ("up", "demo") else None)
     if host:
-        for sec in ("collect_agent", "query_api", "allocator", "pusher"):
+        for sec in HTTP_SECTIONS:
             cfg.set(sec, "host", host, "--host")
+    elif insecure:
+        # Open services stay on loopback unless a bind address is configured on purpose.
+        for sec in HTTP_SECTIONS:
+            if not _host_configured(cfg, sec):
+                cfg.set(sec, "host", "127.0.0.1", "--insecure")
     loop_host = "127.0.0.1" if host in (None, "0.0.0.0", "::") else host
     if args.data_dir:
         d = Path(args.data_dir)
+        cfg.set("auth", "token_file", str(d / "auth" / "tokens.json"), "--data-dir")
         cfg.set(
             "storage",
             "sqlite",
@@ -156,30 +182,76 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
     return cfg
 
 
+def _host_configured(cfg: Config, section: str) -> bool:
+    return "host" in cfg.section(section) or f"KELVIN_{section.upper()}_HOST" in os.environ
+
+
+def prepare_auth(cfg: Config, names: Sequence[str]) -> Tokens | None:
+    """Resolve the tokens once before the services start (creating the token file the
+    first time, so every service of this data directory shares one set); warn about an
+    open service bound beyond loopback."""
+    auth = load_auth(cfg)
+    if auth.insecure:
+        for name in names:
+            sec = name.replace("-", "_")
+            host = str(cfg.overrides.get(sec, {}).get("host") or cfg.section(sec).get("host") or "")
+            if host and not is_loopback(host):
+                log.warning(
+                    "%s binds %s with auth.mode 'none': anyone on that network may read, "
+                    "write and change everything",
+                    name,
+                    host,
+                )
+        return None
+    try:
+        return resolve_tokens(auth)
+    except AuthError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _create(name: str, cfg: Config) -> Service:
     module = importlib.import_module(SERVICES[name])
     svc: Service = module.create_service(cfg)
     return svc
 
 
-async def _serve(names: Sequence[str], cfg: Config) -> None:
+async def _serve(names: Sequence[str], cfg: Config, tokens: Tokens | None) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     services = [_create(n, cfg) for n in names]
-    await run_services(
-        services, stop, (lambda: _announce(services, cfg)) if len(names) > 1 else None
-    )
+    await run_services(services, stop, lambda: _announce(services, cfg, tokens))
 
 
-def _announce(services: Sequence[Service], cfg: Config) -> None:
-    """Tell the user of ``kelvin up`` where to point the browser (stdout, once all are up)."""
-    what = "demo (simulated hall, seeded job stream)" if cfg.profile == "demo" else "up"
-    lines = [f"kelvin {what}: every service is running."]
+def _announce(services: Sequence[Service], cfg: Config, tokens: Tokens | None = None) -> None:
+    """Tell the user where to point the browser and how to authenticate (stdout, once all
+    are up). Generated tokens are printed this once; later starts name their file."""
+    if cfg.profile == "run":
+        lines = [f"kelvin run {services[0].name}: running."]
+    else:
+        what = "demo (simulated hall, seeded job stream)" if cfg.profile == "demo" else "up"
+        lines = [f"kelvin {what}: every service is running."]
     for s in sorted(services, key=lambda s: s.name != "query-api"):
         url = _url(s)
         if url:
             lines.append(f"  {'console' if s.name == 'query-api' else s.name:<14} {url}")
+    lines += _auth_lines(cfg, tokens)
     print("\n".join([*lines, "Stop with Ctrl-C."]), flush=True)
+
+
+def _auth_lines(cfg: Config, tokens: Tokens | None) -> list[str]:
+    auth = load_auth(cfg)
+    if auth.insecure:
+        return ["  auth           OFF (--insecure): anyone who can connect may change anything"]
+    if tokens is None:
+        return []
+    if tokens.generated:
+        return [
+            f"  auth           tokens generated into {tokens.file} (shown this once):",
+            *(f"    {r.value:<6} {tokens.by_role[r]}" for r in Role),
+            "  (send one as 'Authorization: Bearer <token>'; the console asks for it)",
+        ]
+    where = f"in {tokens.file}" if tokens.file else "from the configuration"
+    return [f"  auth           tokens {where} (read, write, admin)"]
 
 
 def _url(svc: Service) -> str | None:
@@ -205,8 +277,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _start(names: Sequence[str], cfg: Config) -> int:
     logset = cfg.load(LoggingSettings)
     logs.setup(logset.level, logset.json_format)
+    tokens = prepare_auth(cfg, names)
     try:
-        asyncio.run(_serve(names, cfg))
+        asyncio.run(_serve(names, cfg, tokens))
     except PortInUseError as exc:
         print(f"kelvin: {exc}", file=sys.stderr)
         return 1
@@ -223,7 +296,7 @@ def build_parser(tools: bool = True) -> argparse.ArgumentParser:
         prog="kelvin",
         description="Kelvin: holistic HPC data-center monitoring and thermal-aware job placement.",
     )
-    parser.add_argument("--version", action="version", version=f"kelvin {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser(
@@ -253,6 +326,20 @@ def build_parser(tools: bool = True) -> argparse.ArgumentParser:
         register: Callable[[Any, dict[str, Any]], None] = mod.register
         register(sub, groups)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, with the version looked up only when asked: importlib.metadata costs
+    every other command (a pusher on a compute node among them) ~3 MB and 10 ms."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"kelvin {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

@@ -74,3 +74,50 @@ def test_every_module_has_a_docstring() -> None:
         if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None
     ]
     assert not missing, "modules need a docstring saying what they are for:\n" + "\n".join(missing)
+
+
+def test_the_pusher_imports_only_what_a_compute_node_needs(tmp_path: Path) -> None:
+    """`kelvin run pusher` with its node plugins loads no web framework, numpy, pydantic,
+    Prometheus or MQTT client library (each costs megabytes on every compute node)."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "pusher": {
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "state_dir": str(tmp_path / "state"),
+                    "plugins": {"procfs": {}, "sysfs": {}},
+                }
+            }
+        )
+    )
+    code = (
+        "import json, sys\n"
+        "from services.cli import build_config, build_parser\n"
+        f"args = build_parser(tools=False).parse_args(['run', 'pusher', '--config', {str(cfg)!r}])\n"
+        "cfg = build_config(args, 'run')\n"
+        "from services.common.config import LoggingSettings\n"
+        "cfg.load(LoggingSettings)\n"
+        "import importlib\n"
+        "importlib.import_module('services.pusher.app').create_service(cfg)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    loaded = set(json.loads(out.stdout))
+    heavy = {
+        "numpy", "pydantic", "pydantic_core", "pydantic_settings", "fastapi", "starlette",
+        "uvicorn", "anyio", "prometheus_client", "aiomqtt", "paho", "httpx", "scipy",
+        "importlib.metadata", "email",
+    }  # fmt: skip
+    found = sorted(m for m in loaded if m in heavy or m.split(".")[0] in heavy)
+    assert not found, f"the pusher's process imports {found}"
+    assert "services.pusher.plugins.procfs" in loaded, "the configured plugins are loaded"
+    assert "services.pusher.plugins.snmp" not in loaded, "plugins load only when configured"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.cli import _announce, build_parser, main
+from services.cli import HTTP_SECTIONS, _announce, build_config, build_parser, main, prepare_auth
 from services.common.settings import Config
 from tests.support.servers import free_port
 
@@ -107,3 +107,41 @@ def test_announce_names_the_address_each_service_bound(capsys: pytest.CaptureFix
         "  allocator      http://127.0.0.1:8083/",
         "Stop with Ctrl-C.",
     ]
+
+
+def _hosts(cfg: Config) -> set[str]:
+    return {str(cfg.overrides.get(sec, {}).get("host", "<default>")) for sec in HTTP_SECTIONS}
+
+
+def test_run_binds_everywhere_only_with_auth_on(tmp_path: Path) -> None:
+    parser = build_parser(tools=False)
+    on = build_config(parser.parse_args(["run", "query-api", "--data-dir", str(tmp_path)]), "run")
+    assert _hosts(on) == {"<default>"}, "the services' own default, 0.0.0.0"
+    assert on.overrides["auth"]["token_file"] == str(tmp_path / "auth" / "tokens.json")
+    off = build_config(parser.parse_args(["run", "query-api", "--insecure"]), "run")
+    assert _hosts(off) == {"127.0.0.1"} and off.overrides["auth"]["mode"] == "none"
+    chosen = build_config(
+        parser.parse_args(["run", "query-api", "--insecure", "--host", "0.0.0.0"]), "run"
+    )
+    assert _hosts(chosen) == {"0.0.0.0"}, "an explicit bind address is kept (with a warning)"
+    up = build_config(parser.parse_args(["up"]), "up")
+    assert _hosts(up) == {"127.0.0.1"}
+
+
+def test_announce_prints_generated_tokens_once_then_their_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    svc = SimpleNamespace(name="query-api", port=8080, http=SimpleNamespace(host="127.0.0.1"))
+    cfg = Config()
+    cfg.profile = "up"
+    cfg.set("auth", "token_file", str(tmp_path / "tokens.json"))
+    first = prepare_auth(cfg, ["query-api"])
+    assert first is not None and first.generated
+    _announce([svc], cfg, first)  # type: ignore[list-item]
+    out = capsys.readouterr().out
+    assert all(tok in out for tok in first.by_role.values())
+    again = prepare_auth(cfg, ["query-api"])
+    _announce([svc], cfg, again)  # type: ignore[list-item]
+    out = capsys.readouterr().out
+    assert f"tokens in {tmp_path / 'tokens.json'}" in out
+    assert not any(tok in out for tok in first.by_role.values())

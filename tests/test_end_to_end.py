@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.common.auth import Role
 from tests.support.kelvin import KelvinUp
 from tests.support.servers import port_is_free, require_binary
 
@@ -166,6 +167,24 @@ def test_malformed_payload_is_counted_and_service_keeps_serving(up: KelvinUp) ->
             time.sleep(0.1)
         assert r.status_code == 200 and r.json()["values"] == [7.25]
         assert client.get(f"{up.url('collect_agent')}/healthz").status_code == 200
+
+
+def test_tokens_are_generated_printed_once_and_required_for_changes(up: KelvinUp) -> None:
+    admin = up.token(Role.ADMIN)
+    assert f"admin  {admin}" in up.output(), "kelvin up prints the tokens it generated"
+    mode = (up.data_dir / "auth" / "tokens.json").stat().st_mode & 0o777
+    assert mode == 0o600
+    body = {"name": "/e2e/meta", "unit": "W"}
+    with httpx.Client(timeout=5) as client:
+        url = f"{up.url('query_api')}/api/v1/metadata"
+        assert client.put(url, json=body).status_code == 401
+        write = client.put(url, json=body, headers=up.headers(Role.WRITE))
+        assert write.status_code == 403
+        assert client.put(url, json=body, headers=up.headers(Role.ADMIN)).status_code == 200
+        line = b"e2e v=1 1764500000000000000"
+        agent = f"{up.url('collect_agent')}/write"
+        assert client.post(agent, content=line).status_code == 401
+        assert client.post(agent, content=line, headers=up.headers(Role.WRITE)).status_code == 204
 
 
 def test_every_service_serves_health_and_metrics(up: KelvinUp) -> None:

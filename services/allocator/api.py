@@ -6,7 +6,7 @@ import time
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.allocator.jobs import MAX_RUNTIME_S
 from services.allocator.policies import REGISTRY
 from services.allocator.runtime import AllocatorCore
+from services.common.auth import Role
 from services.common.errors import ConfigError, NotFoundError
-from services.common.http import bearer
+from services.common.http import requires
 
 
 class JobIn(BaseModel):
@@ -51,10 +52,12 @@ def _problem(status: int, error: str, detail: str) -> JSONResponse:
 
 def router(core: AllocatorCore) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["allocator"])
-    auth = [Depends(bearer(lambda: core.settings.api_token))]
+    # Jobs and configuration alike need admin: a placement becomes a real Slurm
+    # placement through the bridge, so a pusher's write token must not reach it.
+    read, admin = [requires(Role.READ)], [requires(Role.ADMIN)]
     counted = core.metrics.rejected_requests
 
-    @r.post("/jobs", status_code=201, dependencies=auth, responses={202: {}, 422: {}})
+    @r.post("/jobs", status_code=201, dependencies=admin, responses={202: {}, 422: {}})
     async def submit(body: JobIn, dry_run: bool = False) -> Any:
         try:
             if dry_run:
@@ -74,7 +77,7 @@ def router(core: AllocatorCore) -> APIRouter:
             )
         return JSONResponse(job.to_dict(), status_code=201 if job.state == "running" else 202)
 
-    @r.get("/jobs")
+    @r.get("/jobs", dependencies=read)
     async def list_jobs(
         state: Literal["active", "running", "queued", "finished", "all"] = "active",
     ) -> dict[str, Any]:
@@ -88,11 +91,11 @@ def router(core: AllocatorCore) -> APIRouter:
         }[state]
         return {"jobs": [j.to_dict() for j in jobs]}
 
-    @r.get("/jobs/{job_id}")
+    @r.get("/jobs/{job_id}", dependencies=read)
     async def get_job(job_id: str) -> dict[str, Any]:
         return core.book.get(job_id).to_dict()
 
-    @r.delete("/jobs/{job_id}", dependencies=auth, responses={404: {}, 409: {}})
+    @r.delete("/jobs/{job_id}", dependencies=admin, responses={404: {}, 409: {}})
     async def delete_job(job_id: str) -> Any:
         try:
             return core.cancel(job_id).to_dict()
@@ -101,11 +104,11 @@ def router(core: AllocatorCore) -> APIRouter:
         except ValueError as exc:
             return _problem(409, "conflict", str(exc))
 
-    @r.get("/hall")
+    @r.get("/hall", dependencies=read)
     async def hall() -> dict[str, Any]:
         return core.hall_doc()
 
-    @r.get("/policy")
+    @r.get("/policy", dependencies=read)
     async def get_policy() -> dict[str, Any]:
         return {
             "policy": core.allocator.policy_name,
@@ -113,7 +116,7 @@ def router(core: AllocatorCore) -> APIRouter:
             "available": {name: cls.summary for name, cls in sorted(REGISTRY.items())},
         }
 
-    @r.put("/policy", dependencies=auth)
+    @r.put("/policy", dependencies=admin)
     async def put_policy(body: PolicyIn) -> Any:
         try:
             core.set_policy(body.policy)
@@ -122,11 +125,11 @@ def router(core: AllocatorCore) -> APIRouter:
             return _problem(422, "unknown_policy", str(exc))
         return await get_policy()
 
-    @r.get("/hall/model")
+    @r.get("/hall/model", dependencies=read)
     async def get_model() -> dict[str, Any]:
         return {**core.model_meta, "d_matrix": core.book.model.hall.d_matrix.tolist()}
 
-    @r.put("/hall/model", dependencies=auth)
+    @r.put("/hall/model", dependencies=admin)
     async def put_model(body: ModelIn) -> Any:
         try:
             d = np.asarray(body.d_matrix, dtype=np.float64)
@@ -138,7 +141,7 @@ def router(core: AllocatorCore) -> APIRouter:
             return _problem(422, "bad_model", f"d_matrix: {exc}")
         return {**core.model_meta, "name": core.book.model.hall.name}
 
-    @r.delete("/hall/model", dependencies=auth)
+    @r.delete("/hall/model", dependencies=admin)
     async def delete_model() -> dict[str, Any]:
         core.reset_model()
         return core.model_meta

@@ -12,16 +12,20 @@ from services.allocator.demo import run_job_stream
 from services.allocator.metrics import AllocatorMetrics
 from services.allocator.runtime import AllocatorCore
 from services.allocator.settings import Settings
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.auth_settings import ServiceAuth, service_auth
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.settings import Config
 
 
-def create_app(core: AllocatorCore) -> FastAPI:
+def create_app(core: AllocatorCore, auth: ServiceAuth | None = None) -> FastAPI:
+    """The allocator's ASGI app; without ``auth`` every route that needs a role refuses."""
     app = FastAPI(
         title="Kelvin allocator",
         version="0.1.0",
         description="Thermal- and communication-aware job placement (MPIT, MC1x1, joint).",
     )
+    if auth is not None:
+        install_auth(app, auth, core.metrics)
     install_error_handlers(app)
     install_validation_counter(app, core)
     app.include_router(health_router(core.metrics))
@@ -32,9 +36,20 @@ def create_app(core: AllocatorCore) -> FastAPI:
 class AllocatorService(HttpService):
     """HTTP API + release timer + periodic publishing + MQTT publisher (+ job stream)."""
 
-    def __init__(self, settings: Settings, core: AllocatorCore, job_stream: bool) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        core: AllocatorCore,
+        job_stream: bool,
+        auth: ServiceAuth | None = None,
+    ) -> None:
         super().__init__(
-            "allocator", create_app(core), settings.host, settings.port, "--allocator-port"
+            "allocator",
+            create_app(core, auth),
+            settings.host,
+            settings.port,
+            "--allocator-port",
+            metrics=core.metrics,
         )
         self.settings = settings
         self.core = core
@@ -73,4 +88,5 @@ def create_service(config: Config) -> AllocatorService:
     core = AllocatorCore(settings, metrics)
     enabled = settings.job_stream.enabled
     job_stream = config.profile == "demo" if enabled is None else enabled
-    return AllocatorService(settings, core, job_stream)
+    auth = service_auth(config, settings.host, "allocator")
+    return AllocatorService(settings, core, job_stream, auth)

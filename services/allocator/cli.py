@@ -173,7 +173,11 @@ def _calibrate_parser(group: Any) -> None:
     p.add_argument(
         "--allocator-url", help="allocator base URL for --apply (default http://127.0.0.1:<port>)"
     )
-    p.add_argument("--token", help="bearer token for the query API and the allocator")
+    p.add_argument(
+        "--token",
+        help="bearer token for the query API and the allocator (default: auth.admin_token, "
+        "or the token file's admin token)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_calibrate)
 

@@ -28,6 +28,8 @@ from services.allocator.calibrate import (
     standard_errors,
 )
 from services.allocator.settings import Settings
+from services.common.auth import Role
+from services.common.auth_settings import client_token
 from services.common.errors import ConfigError, KelvinError, NotFoundError
 from services.common.settings import Config
 from services.common.thermal import (
@@ -108,7 +110,8 @@ def fetch_series(client: httpx.Client, name: str, start_ns: int, end_ns: int) ->
 
 def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
     """Fetch, align, fit, report; write and apply when asked. Returns the report."""
-    settings = Config(args.config).load(Settings)
+    config = Config(args.config)
+    settings = config.load(Settings)
     hall_path = args.hall or settings.hall_file
     if hall_path:
         from services.common.halls.hallfile import load_hall
@@ -123,7 +126,9 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
     if end <= start:
         raise ConfigError(f"--end {args.end} must be after --start {args.start}")
     step = parse_duration_ns(args.step) if args.step else None
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    # --apply needs admin; reading the telemetry alone, the read token serves
+    token = args.token or client_token(config, Role.ADMIN) or client_token(config, Role.READ)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or settings.query_api_url
     tau = _time_constant(getattr(args, "time_constant", None))
     with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:

@@ -107,8 +107,6 @@ class Settings(SectionSettings):
     """Password of ``mqtt_username`` (set it through ``KELVIN_ALLOCATOR_MQTT_PASSWORD``)."""
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
-    api_token: str | None = None
-    """Bearer token required by the mutating endpoints (None = open, for development)."""
     sensor_map: dict[str, Any] | None = None
     """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...}, read by calibration and shown by the console's hall view; None = the default node sensors."""
     job_stream: JobStream = JobStream()

@@ -30,9 +30,10 @@ from services.collect_agent.settings import Settings
 from services.collect_agent.spool import DamageReport, Spool
 from services.collect_agent.subscriber import Subscriber
 from services.collect_agent.writer import Writer
+from services.common.auth_settings import service_auth
 from services.common.cache import SensorCache
 from services.common.errors import ConfigError, NotFoundError
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
 
@@ -79,12 +80,20 @@ class CollectAgent(HttpService):
         """What the drain wrote: readings, seconds, readings_per_s, left."""
         self._scales_loaded = asyncio.Event()
         app = FastAPI(title="Kelvin collect agent", version="0.1.0")
+        self.auth = service_auth(config, settings.host, "collect agent")
+        install_auth(app, self.auth, self.metrics.service)
         install_error_handlers(app)
         app.include_router(health_router(self.metrics.service, self._ready))
         app.include_router(create_router(self))
         access = config.load(LoggingSettings).access_log
         super().__init__(
-            "collect-agent", app, settings.host, settings.port, "--collect-agent-port", access
+            "collect-agent",
+            app,
+            settings.host,
+            settings.port,
+            "--collect-agent-port",
+            access,
+            self.metrics.service,
         )
         self._gauges()
         # The runner must not cut the drain short: its time plus HTTP's own shutdown.

@@ -1,28 +1,27 @@
 """HTTP API of the collect agent: InfluxDB-compatible ``/write`` and ``/ping``, REST, stats.
 
-State-changing requests (``/write``, kicking a client, forgetting a cached
-sensor) need the bearer token when one is configured; ``/write`` also takes it
-the ways Telegraf sends credentials (``Authorization: Token``, HTTP Basic
-password, ``p=`` query parameter).
+Every route declares its role: ``/write`` needs ``write`` (the credential taken
+the ways Telegraf sends it: ``Authorization: Bearer|Token``, HTTP Basic password,
+``p=`` query parameter); kicking a client and forgetting a cached sensor need
+``admin``; the rest reads (``read``); ``/ping`` is public.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.collect_agent import line_protocol
 from services.collect_agent.spool import SpoolError
 from services.common import names
+from services.common.auth import Role
 from services.common.errors import NotFoundError, SensorNameError, TimeSpecError
-from services.common.http import bearer
+from services.common.http import public, requires
 from services.common.times import parse_duration_ns
 
 if TYPE_CHECKING:
@@ -30,22 +29,6 @@ if TYPE_CHECKING:
 
 INFLUX_VERSION = "1.8.10-kelvin"
 ADMIT_TIMEOUT_S = 10.0
-
-
-def _write_authorised(request: Request, token: str | None) -> bool:
-    if not token:
-        return True
-    header = request.headers.get("authorization", "")
-    scheme, _, cred = header.partition(" ")
-    given = request.query_params.get("p", "")
-    if scheme.lower() in ("bearer", "token"):
-        given = cred.strip()
-    elif scheme.lower() == "basic":
-        try:
-            given = base64.b64decode(cred.strip()).decode().partition(":")[2]
-        except (ValueError, UnicodeDecodeError):
-            given = ""
-    return hmac.compare_digest(given.encode(), token.encode())
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -74,10 +57,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def create_router(agent: CollectAgent) -> APIRouter:
     router = APIRouter()
     s = agent.settings
-    auth = Depends(bearer(lambda: agent.settings.api_token))
+    needs_read, needs_write = requires(Role.READ), requires(Role.WRITE)
+    needs_admin = requires(Role.ADMIN)
 
     # ------------------------------------------------------------------ InfluxDB compatible
-    @router.api_route("/ping", methods=["GET", "HEAD"], tags=["influx"], status_code=204)
+    @router.api_route(
+        "/ping", methods=["GET", "HEAD"], tags=["influx"], status_code=204, dependencies=[public()]
+    )
     async def ping(verbose: bool = False) -> Response:
         headers = {"X-Influxdb-Version": INFLUX_VERSION, "X-Influxdb-Build": "OSS"}
         if verbose:
@@ -85,8 +71,6 @@ def create_router(agent: CollectAgent) -> APIRouter:
         return Response(status_code=204, headers=headers)
 
     async def write(request: Request, precision: str) -> Response:
-        if not _write_authorised(request, s.api_token):
-            return JSONResponse({"error": "authorization failed"}, status_code=401)
         ing = agent.ingestor
         try:
             await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
@@ -128,18 +112,18 @@ def create_router(agent: CollectAgent) -> APIRouter:
             )
         return Response(status_code=204)
 
-    @router.post("/write", tags=["influx"], status_code=204)
+    @router.post("/write", tags=["influx"], status_code=204, dependencies=[needs_write])
     async def write_v1(request: Request, precision: str = "ns") -> Response:
         """InfluxDB 1.x write: line protocol body, ``precision`` n|u|ms|s|m|h; 204 once durable."""
         return await write(request, precision)
 
-    @router.post("/api/v2/write", tags=["influx"], status_code=204)
+    @router.post("/api/v2/write", tags=["influx"], status_code=204, dependencies=[needs_write])
     async def write_v2(request: Request, precision: str = "ns") -> Response:
         """InfluxDB 2.x write (Telegraf ``outputs.influxdb_v2``); bucket and org are ignored."""
         return await write(request, precision)
 
     # ------------------------------------------------------------------ REST
-    @router.get("/api/v1/sensors", tags=["cache"])
+    @router.get("/api/v1/sensors", tags=["cache"], dependencies=[needs_read])
     async def sensors(prefix: str = "/") -> dict[str, Any]:
         """Sensors in the cache under ``prefix`` with their latest reading."""
         cache = agent.require_cache()
@@ -155,14 +139,14 @@ def create_router(agent: CollectAgent) -> APIRouter:
                     out.append({"name": name, "timestamp_ns": v.timestamp_ns, "value": v.value})
         return {"prefix": p, "count": len(out), "sensors": out}
 
-    @router.get("/api/v1/latest", tags=["cache"])
+    @router.get("/api/v1/latest", tags=["cache"], dependencies=[needs_read])
     async def latest(sensor: str = Query(..., description="sensor name")) -> dict[str, Any]:
         v = agent.require_cache().latest(sensor)
         if v is None:
             raise NotFoundError(f"sensor {sensor!r} has no cached reading on this agent")
         return {"sensor": sensor, "timestamp_ns": v.timestamp_ns, "value": v.value}
 
-    @router.get("/api/v1/average", tags=["cache"])
+    @router.get("/api/v1/average", tags=["cache"], dependencies=[needs_read])
     async def average(
         sensor: str = Query(...), interval: str = Query("60s", description="e.g. 30s, 5m")
     ) -> dict[str, Any]:
@@ -176,12 +160,12 @@ def create_router(agent: CollectAgent) -> APIRouter:
             raise NotFoundError(f"sensor {sensor!r} has no cached reading on this agent")
         return {"sensor": sensor, "interval_s": window_ns / 1e9, "value": value}
 
-    @router.delete("/api/v1/cache", tags=["cache"], status_code=204, dependencies=[auth])
+    @router.delete("/api/v1/cache", tags=["cache"], status_code=204, dependencies=[needs_admin])
     async def forget(sensor: str = Query(...)) -> Response:
         agent.require_cache().forget(sensor)
         return Response(status_code=204)
 
-    @router.get("/api/v1/hosts", tags=["hosts"])
+    @router.get("/api/v1/hosts", tags=["hosts"], dependencies=[needs_read])
     async def hosts() -> dict[str, Any]:
         """Connected MQTT clients (built-in endpoint) and the broker subscription."""
         clients = agent.mqtt.clients() if agent.mqtt is not None else []
@@ -189,7 +173,7 @@ def create_router(agent: CollectAgent) -> APIRouter:
         return {"count": len(clients), "hosts": clients, "broker": broker}
 
     @router.delete(
-        "/api/v1/hosts/{client_id}", tags=["hosts"], status_code=204, dependencies=[auth]
+        "/api/v1/hosts/{client_id}", tags=["hosts"], status_code=204, dependencies=[needs_admin]
     )
     async def kick(client_id: str) -> Response:
         """Disconnect a client (it may reconnect; unacknowledged messages are resent)."""
@@ -199,7 +183,7 @@ def create_router(agent: CollectAgent) -> APIRouter:
         conn.close("kicked")
         return Response(status_code=204)
 
-    @router.get("/api/v1/stats", tags=["stats"])
+    @router.get("/api/v1/stats", tags=["stats"], dependencies=[needs_read])
     async def stats() -> dict[str, Any]:
         """Ingest statistics: rates, spool depth, storage state, rejects by reason."""
         return agent.stats()

@@ -46,9 +46,6 @@ class Settings(SectionSettings):
     """HTTP bind address."""
     port: int = Field(8081, ge=0, le=65535)
     """HTTP port (0 = any free port): REST, ``/write``, ``/ping``, ``/metrics``."""
-    api_token: str | None = None
-    """Bearer token required by every request that changes state (``/write`` included);
-    None = no check (development)."""
 
     # ---------------------------------------------------------------- built-in MQTT endpoint
     mqtt_enabled: bool = True

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from services.common import names
 from services.common.errors import PayloadError, SensorNameError
+from services.common.metadata_json import metadata_payload
 from services.common.readings import Batch, Float64Array, Int64Array
 from services.common.sensors import JobRecord, SensorMetadata
 
@@ -350,7 +351,10 @@ def decode_metadata(sensor: str, payload: bytes | memoryview) -> SensorMetadata:
     try:
         return SensorMetadata.model_validate({"name": sensor, **doc})
     except ValidationError as exc:
-        raise PayloadError(f"metadata for {sensor}: {_first_error(exc)}", "bad_metadata") from exc
+        # A NaN/infinite scale has its own reason: it would null every later reading.
+        finite = any(e["type"] == "finite_number" for e in exc.errors())
+        reason = "non_finite" if finite else "bad_metadata"
+        raise PayloadError(f"metadata for {sensor}: {_first_error(exc)}", reason) from exc
 
 
 def decode_public_name(sensor: str, payload: bytes | memoryview) -> SensorMetadata:
@@ -364,29 +368,7 @@ def decode_public_name(sensor: str, payload: bytes | memoryview) -> SensorMetada
 
 def encode_metadata(meta: SensorMetadata) -> tuple[str, bytes]:
     """The DCDB metadata PUBLISH for a sensor: (topic, JSON payload)."""
-    doc: dict[str, Any] = {}
-    if meta.public_name:
-        doc["publicName"] = meta.public_name
-    if meta.pattern:
-        doc["pattern"] = meta.pattern
-    if meta.unit:
-        doc["unit"] = meta.unit
-    doc["scale"] = meta.scale
-    if meta.ttl_ms is not None:
-        doc["ttl"] = meta.ttl_ms
-    if meta.interval_ms is not None:
-        doc["interval"] = meta.interval_ms
-    if meta.operations:
-        doc["operations"] = ",".join(meta.operations)
-    for key, attr in (
-        ("integrable", "integrable"),
-        ("monotonic", "monotonic"),
-        ("delta", "delta"),
-        ("isVirtual", "is_virtual"),
-        ("isOperation", "is_operation"),
-    ):
-        doc[key] = bool(getattr(meta, attr))
-    return METADATA_PREFIX + meta.name, json.dumps(doc, separators=(",", ":")).encode()
+    return METADATA_PREFIX + meta.name, metadata_payload(meta)
 
 
 def decode_job(payload: bytes | memoryview) -> JobRecord:

@@ -1,4 +1,9 @@
-"""HTTP plumbing shared by every service: embedded uvicorn and the health routes."""
+"""HTTP plumbing shared by every service: embedded uvicorn, the health routes, and auth.
+
+Auth: every route declares its role (:func:`requires`) or that it is public
+(:func:`public`); :func:`install_auth` gives an app its credentials and the
+browser guard (Host allow-list, Origin check) in front of every route.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +12,55 @@ import contextlib
 import hmac
 import logging
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
+from starlette.requests import ClientDisconnect
 
-from services.common.auth import Credentials, Role, token_from_headers
+from services.common.auth import (
+    BrowserPolicy,
+    Credentials,
+    Denied,
+    Role,
+    check_host_origin,
+    hashed,
+    is_hashed,
+    token_from_headers,
+)
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
-from services.common.logs import RateLimitedLog
+from services.common.http_limits import HttpLimits, guarded_protocol
+from services.common.logs import RateLimitedLog, mask_url
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
 from services.common.service import Service
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from services.common.auth_settings import ServiceAuth
 
 log = logging.getLogger(__name__)
 _bad_input_log = RateLimitedLog(log, 10.0)
 
 ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+_refusal_log = RateLimitedLog(log, 30.0)
+
+
+def _refused(request: Request, denied: Denied, reason: str) -> None:
+    counter = getattr(request.app.state, "auth_refused", None)
+    if isinstance(counter, Counter):
+        counter.labels(reason).inc()
+    client = request.client.host if request.client else "?"
+    _refusal_log.warning(
+        f"refused:{reason}", "%s %s from %s refused: %s", request.method, request.url.path,
+        client, denied.message,
+    )  # fmt: skip
 
 
 def requires(role: Role) -> Any:
@@ -35,6 +70,7 @@ def requires(role: Role) -> Any:
     callable returning one, read on every request so that a reload takes effect).
     Declare it where the route is declared, ``dependencies=[requires(Role.ADMIN)]``;
     the returned object carries ``kelvin_role`` so tests can enumerate every route's role.
+    Refusals are counted in ``app.state.auth_refused`` (by :func:`install_auth`).
     """
 
     async def check(request: Request) -> None:
@@ -47,6 +83,8 @@ def requires(role: Role) -> Any:
         token = token_from_headers(request.headers.get, request.query_params.get("p"))
         denied = creds.decide(token, role)
         if denied is not None:
+            reason = "role" if denied.status == 403 else "unknown" if token else "missing"
+            _refused(request, denied, reason)
             raise HTTPException(
                 status_code=denied.status,
                 detail=denied.message,
@@ -54,6 +92,17 @@ def requires(role: Role) -> Any:
             )
 
     check.kelvin_role = role  # type: ignore[attr-defined]
+    return Depends(check)
+
+
+def public() -> Any:
+    """A route dependency that declares the route open to anyone (health, metrics, the
+    console's page). Only the paths the route-walk test lists may carry it."""
+
+    async def check() -> None:
+        return None
+
+    check.kelvin_public = True  # type: ignore[attr-defined]
     return Depends(check)
 
 
@@ -66,11 +115,17 @@ def route_role(dependant_calls: list[Callable[..., Any]]) -> Role | None:
     return None
 
 
+def route_is_public(dependant_calls: list[Callable[..., Any]]) -> bool:
+    """Whether a route declared itself public through :func:`public`."""
+    return any(getattr(call, "kelvin_public", False) for call in dependant_calls)
+
+
 def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine[Any, Any, None]]:
     """A FastAPI dependency: require ``Authorization: Bearer <token>`` when a token is set.
 
-    Superseded by :func:`requires` (roles); kept while routes move over.
-    ``get_token`` is read on every call so that a configuration reload takes effect.
+    Superseded by :func:`requires` (roles); kept only while the pusher's REST API
+    moves to its own router (the pusher helper removes it). The token may be given as
+    its ``sha256:`` verifier (the chart does, so no node holds the admin token).
     """
 
     async def check(request: Request) -> None:
@@ -79,7 +134,9 @@ def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+        given = given.strip()
+        probe = hashed(given) if is_hashed(token) else given
+        if scheme.lower() != "bearer" or not hmac.compare_digest(probe.encode(), token.encode()):
             raise HTTPException(
                 status_code=status.HTTP_401_UNAUTHORIZED,
                 detail="missing or wrong bearer token",
@@ -87,6 +144,63 @@ def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine
             )
 
     return check
+
+
+class BrowserGuard:
+    """ASGI middleware: every HTTP request passes :func:`check_host_origin` first.
+
+    It runs before routing, so a request with a foreign Host or Origin is refused
+    whatever its path, even one no route matches.
+    """
+
+    def __init__(self, app: ASGIApp, policy: Callable[[], BrowserPolicy], refused: Counter) -> None:
+        self.app, self.policy, self.refused = app, policy, refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = origin = site = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"sec-fetch-site":
+                site = value.decode("latin-1")
+        denied = check_host_origin(scope["method"], host, origin, site, self.policy())
+        if denied is None:
+            await self.app(scope, receive, send)
+            return
+        reason = denied.message.partition(":")[0]
+        self.refused.labels(reason).inc()
+        client = scope.get("client") or ("?", 0)
+        _refusal_log.warning(
+            f"refused:{reason}", "%s %s from %s refused: %s", scope["method"], scope["path"],
+            client[0], denied.message,
+        )  # fmt: skip
+        response = JSONResponse(
+            {"error": f"forbidden_{reason}", "detail": denied.message}, status_code=denied.status
+        )
+        await response(scope, receive, send)
+
+
+def install_auth(app: FastAPI, auth: ServiceAuth, metrics: ServiceMetrics) -> None:
+    """Give ``app`` its credentials, the refusal counter and the browser guard.
+
+    ``kelvin_<service>_auth_refused_total{reason}`` counts refusals: ``missing``,
+    ``unknown`` (401), ``role`` (403, too low a role), ``host``, ``origin`` (browser guard).
+    """
+    app.state.auth = auth
+    app.state.credentials = auth.credentials
+    refused = metrics.counter(
+        "auth_refused_total",
+        "Requests refused for a missing/unknown credential, too low a role, or a foreign "
+        "Host/Origin",
+        ["reason"],
+    )
+    app.state.auth_refused = refused
+    app.add_middleware(BrowserGuard, policy=lambda: auth.browser, refused=refused)
 
 
 class _Server(uvicorn.Server):
@@ -97,8 +211,27 @@ class _Server(uvicorn.Server):
         yield
 
 
+_timeout_log = RateLimitedLog(log, 30.0)
+
+
+class _QuietDisconnects:
+    """A client that went away (or was cut off by a read deadline) while its body was read
+    is no error of ours: no traceback per slow or vanished client in the log."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with contextlib.suppress(ClientDisconnect):
+            await self.app(scope, receive, send)
+
+
 class HttpServer:
-    """Serve an ASGI app with uvicorn on a socket bound up front."""
+    """Serve an ASGI app with uvicorn on a socket bound up front.
+
+    Requests whose headers or body arrive too slowly are cut off (:mod:`.http_limits`),
+    counted in ``kelvin_<service>_http_timeouts_total{phase}`` when ``metrics`` is given.
+    """
 
     def __init__(
         self,
@@ -108,10 +241,22 @@ class HttpServer:
         what: str,
         flag: str | None = None,
         access_log: bool = False,
+        metrics: ServiceMetrics | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.app, self.host, self.what, self.flag = app, host, what, flag
         self.requested_port = port
         self.access_log = access_log
+        self.limits = limits or HttpLimits()
+        self.timeouts = (
+            metrics.counter(
+                "http_timeouts_total",
+                "Connections closed because a request's headers or body arrived too slowly",
+                ["phase"],
+            )
+            if metrics is not None
+            else None
+        )
         self.port: int | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -120,7 +265,7 @@ class HttpServer:
         sock = bind_tcp(self.host, self.requested_port, self.what, self.flag)
         self.port = bound_port(sock)
         config = uvicorn.Config(
-            self.app,
+            _QuietDisconnects(self.app),
             log_config=None,
             access_log=self.access_log,
             lifespan="on",
@@ -129,6 +274,7 @@ class HttpServer:
             # No Kelvin API speaks WebSocket; "auto" would import a library (~3 MB
             # of RSS) on every compute node's pusher.
             ws="none",
+            http=guarded_protocol(self.limits, self._timed_out),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(
@@ -145,6 +291,16 @@ class HttpServer:
     def task(self) -> asyncio.Task[None] | None:
         return self._task
 
+    def _timed_out(self, phase: str) -> None:
+        if self.timeouts is not None:
+            self.timeouts.labels(phase).inc()
+        limit = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
+        _timeout_log.warning(
+            f"timeout:{self.what}:{phase}",
+            "%s: closed a connection whose request %s did not arrive within %g s",
+            self.what, phase, limit,
+        )  # fmt: skip
+
     async def stop(self) -> None:
         if self._server is None or self._task is None:
             return
@@ -156,7 +312,7 @@ class HttpServer:
 
 def health_router(metrics: ServiceMetrics, ready: ReadyCheck | None = None) -> APIRouter:
     """``/healthz`` (alive), ``/readyz`` (able to do its job), ``/metrics``."""
-    router = APIRouter(tags=["health"])
+    router = APIRouter(tags=["health"], dependencies=[public()])
 
     @router.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
@@ -201,12 +357,15 @@ def install_error_handlers(
     @app.exception_handler(KelvinError)
     async def _kelvin(request: Request, exc: KelvinError) -> JSONResponse:
         if isinstance(exc, RetryableStorageError):
+            # storage messages name their server's URL: never hand its credentials out
             return JSONResponse(
-                {"error": "storage_unavailable", "detail": str(exc)}, status_code=503
+                {"error": "storage_unavailable", "detail": mask_url(str(exc))}, status_code=503
             )
         if isinstance(exc, StorageError):
             log.error("storage error on %s: %s", request.url.path, exc)
-            return JSONResponse({"error": "storage_error", "detail": str(exc)}, status_code=500)
+            return JSONResponse(
+                {"error": "storage_error", "detail": mask_url(str(exc))}, status_code=500
+            )
         status = int(getattr(exc, "http_status", 400))
         if rejects is None:
             return JSONResponse(
@@ -245,11 +404,18 @@ class HttpService(Service):
     """
 
     def __init__(
-        self, name: str, app: Any, host: str, port: int, flag: str | None, access_log: bool = False
+        self,
+        name: str,
+        app: Any,
+        host: str,
+        port: int,
+        flag: str | None,
+        access_log: bool = False,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         super().__init__()
         self.name = name
-        self.http = HttpServer(app, host, port, f"{name} HTTP", flag, access_log)
+        self.http = HttpServer(app, host, port, f"{name} HTTP", flag, access_log, metrics)
         self._stopped = False
 
     @property

@@ -1,12 +1,37 @@
-"""Logging for every service: one format, and a rate limiter for bad-input warnings."""
+"""Logging for every service: one format, credentials masked, a rate limiter for bad input."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
+
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@:]*)(?::[^\s/@]*)?@"
+)
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked: ``http://user:***@host``
+    (a user alone may be a token, so ``http://***@host``)."""
+
+    def repl(m: re.Match[str]) -> str:
+        user = m.group("user")
+        has_password = m.group(0)[len(m.group("scheme")) + len(user) :].startswith(":")
+        return f"{m.group('scheme')}{user}:***@" if has_password else f"{m.group('scheme')}***@"
+
+    return _USERINFO.sub(repl, text) if "@" in text else text
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Every line, traceback included, with URL credentials masked (storage and broker URLs
+    reach the log inside exception messages, not only where a URL is logged on purpose)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_url(super().format(record))
 
 
 class _JsonFormatter(logging.Formatter):
@@ -15,10 +40,10 @@ class _JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": mask_url(record.getMessage()),
         }
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = mask_url(self.formatException(record.exc_info))
         return json.dumps(doc)
 
 
@@ -33,7 +58,7 @@ def setup(level: str = "INFO", json_format: bool = False) -> None:
     handler.setFormatter(
         _JsonFormatter()
         if json_format
-        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        else _MaskingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     )
     root.addHandler(handler)
     root.setLevel(level)

@@ -36,10 +36,14 @@ class SensorMetadata(BaseModel):
 
     Accepts DCDB's camelCase keys (``publicName``, ``ttl``, ``interval``,
     ``isVirtual``) and Kelvin's snake_case ones; values may be strings or
-    numbers, as DCDB pushers send either.
+    numbers, as DCDB pushers send either. A NaN or infinite number is refused on
+    every path that builds one (MQTT metadata topic, ``PUT /api/v1/metadata``, a
+    pusher's configuration): a NaN scale would turn every later reading into null.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(
+        populate_by_name=True, extra="ignore", frozen=True, allow_inf_nan=False
+    )
 
     name: str
     public_name: str | None = Field(

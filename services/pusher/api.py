@@ -1,90 +1,99 @@
-"""The pusher's REST API (FastAPI, OpenAPI at ``/docs``): plugins, sensors, cache, control.
+"""The pusher's REST API: plugins, sensors, cache, control (OpenAPI at ``/openapi.json``).
 
-Read-only calls: list plugins and sensors, read the cache (latest value and
-time-weighted average), publisher status. State-changing calls (start, stop,
-load, unload, reload a plugin; reload the configuration file) require the
-bearer token when one is configured; with ``auth_reads`` the reads do too.
+Reads (plugins, sensors, the cache, publisher status) need the ``read`` role
+when reads are protected; plugin control (start, stop, load, unload, reload a
+plugin; reload the configuration file) needs ``admin``. ``/healthz``,
+``/readyz`` and ``/metrics`` are public. :func:`route_table` lists every route
+with its role, without a running pusher.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
-
-from fastapi import APIRouter, Body, Depends, FastAPI, Query
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from services.common import names
+from services.common.auth import Role
 from services.common.errors import NotFoundError
-from services.common.http import bearer, health_router, install_error_handlers
+from services.pusher.http import Param, Request, Response, Router, json_response
+from services.pusher.prom import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
     from services.pusher.app import PusherService
 
+TITLE = "Kelvin pusher"
+VERSION = "0.1.0"
+DESCRIPTION = "Sample node and facility sensors and publish them over MQTT."
 
-class PluginStatus(BaseModel):
-    name: str
-    plugin: str
-    state: str
-    error: str | None
-    groups: int
-    sensors: int
-    notes: list[str] = []
-    group_status: list[dict[str, Any]] | None = None
+_PLUGIN_KEYS = ("name", "plugin", "state", "error", "groups", "sensors", "notes", "group_status")
 
 
-class CacheReading(BaseModel):
-    sensor: str
-    timestamp_ns: int | None
-    value: float | None
-    average: float | None = None
-    average_s: float | None = None
-    readings: list[tuple[int, float]] | None = None
+def _plugin(status: dict[str, Any]) -> dict[str, Any]:
+    """A plugin instance's status with every key of the API's answer, in its order."""
+    out = {k: status.get(k) for k in _PLUGIN_KEYS}
+    out["notes"] = out["notes"] or []
+    return out
 
 
-class ReloadResult(BaseModel):
-    loaded: list[str]
-    unloaded: list[str]
-    reloaded: list[str]
-    restart_needed: list[str]
+def create_router(svc: PusherService) -> Router:
+    r = Router()
+    read, admin = Role.READ, Role.ADMIN
 
+    @r.add("GET", "/healthz", None, "Liveness")
+    async def healthz(req: Request) -> Any:
+        return {"status": "ok", "service": "pusher"}
 
-def create_app(svc: PusherService) -> FastAPI:
-    app = FastAPI(
-        title="Kelvin pusher",
-        version="0.1.0",
-        description="Sample node and facility sensors and publish them over MQTT.",
-    )
-    install_error_handlers(app)
+    @r.add("GET", "/readyz", None, "Readiness (ready = connected to a broker)")
+    async def readyz(req: Request) -> Any:
+        ok, reason = svc.readiness()
+        return json_response(
+            {"status": "ready" if ok else "not ready", "reason": reason}, 200 if ok else 503
+        )
 
-    def token() -> str | None:
-        return svc.settings.token
+    @r.add("GET", "/metrics", None, "Prometheus metrics")
+    async def metrics(req: Request) -> Any:
+        return Response(200, svc.metrics.service.render(), CONTENT_TYPE_LATEST)
 
-    def read_token() -> str | None:
-        return svc.settings.token if svc.settings.auth_reads else None
+    @r.add("GET", "/openapi.json", read, "This API's OpenAPI description")
+    async def openapi(req: Request) -> Any:
+        return r.openapi(TITLE, VERSION, DESCRIPTION)
 
-    write = [Depends(bearer(token))]
-    read = [Depends(bearer(read_token))]
-    app.include_router(health_router(svc.metrics.service, svc.readiness))
-    r = APIRouter(prefix="/api/v1")
+    @r.add("GET", "/docs", read, "The routes, as a page")
+    async def docs(req: Request) -> Any:
+        rows = "".join(
+            f"<tr><td>{m}</td><td><code>{p}</code></td><td>{role.value if role else 'public'}"
+            f"</td><td>{route.summary}</td></tr>"
+            for (m, p, role), route in zip(r.table(), r.routes, strict=True)
+        )
+        page = (
+            f"<!doctype html><title>{TITLE}</title><h1>{TITLE}</h1><p>{DESCRIPTION} "
+            f'Machine-readable: <a href="openapi.json">openapi.json</a>.</p>'
+            f"<table><tr><th>method</th><th>path</th><th>role</th><th></th></tr>{rows}</table>"
+        )
+        return Response(200, page.encode(), "text/html; charset=utf-8")
 
-    @r.get("/plugins", dependencies=read, summary="Loaded plugin instances")
-    async def plugins() -> list[PluginStatus]:
-        return [PluginStatus(**i.status()) for i in svc.manager.instances.values()]
+    @r.add("GET", "/api/v1/plugins", read, "Loaded plugin instances")
+    async def plugins(req: Request) -> Any:
+        return [_plugin(i.status()) for i in svc.manager.instances.values()]
 
-    @r.get("/plugins/{name}", dependencies=read, summary="One plugin instance, with its groups")
-    async def plugin(name: str) -> PluginStatus:
-        return PluginStatus(**svc.manager.get(name).status(detail=True))
+    @r.add("GET", "/api/v1/plugins/{name}", read, "One plugin instance, with its groups")
+    async def plugin(req: Request) -> Any:
+        return _plugin(svc.manager.get(req.path_params["name"]).status(detail=True))
 
-    @r.get("/plugin-types", dependencies=read, summary="Installed plugin types")
-    async def plugin_types() -> dict[str, str]:
+    @r.add("GET", "/api/v1/plugin-types", read, "Installed plugin types")
+    async def plugin_types(req: Request) -> Any:
         from services.pusher.plugins import registry
 
-        return {n: ep.value for n, ep in sorted(registry.available().items())}
+        return {n: v for n, v in sorted(registry.available_values().items())}
 
-    @r.get("/sensors", dependencies=read, summary="Sensor names (optionally of one plugin)")
-    async def sensors(
-        plugin: str | None = None, prefix: str | None = Query(None, examples=["/node17/procfs"])
-    ) -> list[str]:
+    @r.add(
+        "GET",
+        "/api/v1/sensors",
+        read,
+        "Sensor names (optionally of one plugin, or under a prefix)",
+        [Param("plugin"), Param("prefix", example="/node17/procfs")],
+    )
+    async def sensors(req: Request) -> Any:
+        plugin, prefix = req.params["plugin"], req.params["prefix"]
         insts = [svc.manager.get(plugin)] if plugin else list(svc.manager.instances.values())
         out = [n for i in insts for n in i.sensor_names]
         if prefix:
@@ -92,84 +101,121 @@ def create_app(svc: PusherService) -> FastAPI:
             out = [n for n in out if names.is_under(n, p)]
         return sorted(out)
 
-    @r.get("/cache/{sensor:path}", dependencies=read, summary="Cached readings of a sensor")
-    async def cache(
-        sensor: str,
-        average_s: float | None = Query(
-            None, gt=0, allow_inf_nan=False, description="time-weighted average window"
-        ),
-        readings: bool = Query(False, description="include the cached readings"),
-    ) -> CacheReading:
+    @r.add(
+        "GET",
+        "/api/v1/cache/{sensor:path}",
+        read,
+        "Cached readings of a sensor",
+        [
+            Param("average_s", float, gt=0, description="time-weighted average window"),
+            Param("readings", bool, False, description="include the cached readings"),
+        ],
+    )
+    async def cache(req: Request) -> Any:
+        sensor = req.path_params["sensor"]
         name = names.validate(sensor if sensor.startswith("/") else "/" + sensor)
         if name not in svc.cache:
             raise NotFoundError(f"sensor {name} is not in the cache of this pusher")
         latest = svc.cache.latest(name)
-        out = CacheReading(
-            sensor=name,
-            timestamp_ns=latest.timestamp_ns if latest else None,
-            value=latest.value if latest else None,
-        )
+        out: dict[str, Any] = {
+            "sensor": name,
+            "timestamp_ns": latest.timestamp_ns if latest else None,
+            "value": latest.value if latest else None,
+            "average": None,
+            "average_s": None,
+            "readings": None,
+        }
+        average_s = req.params["average_s"]
         if average_s is not None:
-            out.average = svc.cache.average(name, average_s)
-            out.average_s = average_s
-        if readings:
+            out["average"] = svc.cache.average(name, average_s)
+            out["average_s"] = average_s
+        if req.params["readings"]:
             ts, vs = svc.cache.readings(name)
-            out.readings = list(zip(ts.tolist(), vs.tolist(), strict=True))
+            out["readings"] = [[t, v] for t, v in zip(ts, vs, strict=True)]
         return out
 
-    @r.get("/status", dependencies=read, summary="Publisher and sampling status")
-    async def status() -> dict[str, Any]:
+    @r.add("GET", "/api/v1/status", read, "Publisher and sampling status")
+    async def status(req: Request) -> Any:
         return {
             "prefix": svc.settings.node_prefix,
             "publisher": svc.publisher.status(),
             "plugins": {n: i.state for n, i in svc.manager.instances.items()},
         }
 
-    @r.post("/plugins/{name}/start", dependencies=write, summary="Start sampling")
-    async def start(name: str) -> PluginStatus:
+    @r.add("POST", "/api/v1/plugins/{name}/start", admin, "Start sampling")
+    async def start(req: Request) -> Any:
         async with svc.manager.lock:
-            return PluginStatus(**(await svc.manager.start(name)).status())
+            return _plugin((await svc.manager.start(req.path_params["name"])).status())
 
-    @r.post("/plugins/{name}/stop", dependencies=write, summary="Stop sampling (stays loaded)")
-    async def stop(name: str) -> PluginStatus:
+    @r.add("POST", "/api/v1/plugins/{name}/stop", admin, "Stop sampling (stays loaded)")
+    async def stop(req: Request) -> Any:
         async with svc.manager.lock:
-            return PluginStatus(**(await svc.manager.stop(name)).status())
+            return _plugin((await svc.manager.stop(req.path_params["name"])).status())
 
-    @r.post(
-        "/plugins/{name}/load",
-        dependencies=write,
-        summary="Load a plugin instance from a section in the body, or from the config file",
+    @r.add(
+        "POST",
+        "/api/v1/plugins/{name}/load",
+        admin,
+        "Load a plugin instance from a section in the body, or from the configuration file",
+        body='the plugin section, e.g. {"plugin": "tester", "sensors": 10}',
     )
-    async def load(
-        name: str,
-        section: Annotated[dict[str, Any] | None, Body(examples=[{"sensors": 10}])] = None,
-    ) -> PluginStatus:
+    async def load(req: Request) -> Any:
+        name = req.path_params["name"]
         async with svc.manager.lock:
-            sec, origin = svc.section_for(name, section)
-            return PluginStatus(**(await svc.manager.load(name, sec, origin)).status())
+            sec, origin = svc.section_for(name, _section(req))
+            return _plugin((await svc.manager.load(name, sec, origin)).status())
 
-    @r.post("/plugins/{name}/unload", dependencies=write, summary="Stop and remove")
-    async def unload(name: str) -> dict[str, str]:
+    @r.add("POST", "/api/v1/plugins/{name}/unload", admin, "Stop and remove")
+    async def unload(req: Request) -> Any:
+        name = req.path_params["name"]
         async with svc.manager.lock:
             await svc.manager.unload(name)
         return {"unloaded": name}
 
-    @r.post(
-        "/plugins/{name}/reload",
-        dependencies=write,
-        summary="Rebuild from the body's section, or from the configuration file as it is now",
+    @r.add(
+        "POST",
+        "/api/v1/plugins/{name}/reload",
+        admin,
+        "Rebuild from the body's section, or from the configuration file as it is now",
+        body="the plugin section (optional)",
     )
-    async def reload(
-        name: str, section: Annotated[dict[str, Any] | None, Body()] = None
-    ) -> PluginStatus:
+    async def reload(req: Request) -> Any:
+        name = req.path_params["name"]
         async with svc.manager.lock:
-            sec, origin = svc.section_for(name, section)
-            return PluginStatus(**(await svc.manager.reload(name, sec, origin)).status())
+            sec, origin = svc.section_for(name, _section(req))
+            return _plugin((await svc.manager.reload(name, sec, origin)).status())
 
-    @r.post("/config/reload", dependencies=write, summary="Re-read the configuration file")
-    async def reload_config() -> ReloadResult:
+    @r.add("POST", "/api/v1/config/reload", admin, "Re-read the configuration file")
+    async def reload_config(req: Request) -> Any:
         async with svc.manager.lock:
-            return ReloadResult(**await svc.reload_config())
+            return await svc.reload_config()
 
-    app.include_router(r)
-    return app
+    return r
+
+
+def _section(req: Request) -> dict[str, Any] | None:
+    body = req.json()
+    if body is not None and not isinstance(body, dict):
+        from services.pusher.http import HttpError
+
+        raise HttpError(
+            422,
+            [{"loc": ["body"], "msg": "Input should be a valid dictionary", "type": "dict_type"}],
+        )
+    return body
+
+
+class _Offline:
+    """Enough of a pusher for the route table (the handlers never run)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("the route table's pusher does not run")
+
+
+def route_table() -> list[tuple[str, str, Role | None]]:
+    """(method, path template, role) of every route of the pusher's API.
+
+    For the route-walking auth test: a route added to :func:`create_router` is in
+    it automatically. Path parameters are ``{name}``; substitute any value.
+    """
+    return create_router(_Offline()).table()  # type: ignore[arg-type]

@@ -19,18 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.common import names
-from services.common.cache import SensorCache
 from services.common.errors import ConfigError, KelvinError, NotFoundError, SensorNameError
 from services.pusher.config import plugin_type, validate_section
 from services.pusher.metrics import PusherMetrics
-from services.pusher.plugins.base import Group, Plugin, PluginConfig, PluginContext
+from services.pusher.plugins.base import Group, Plugin, PluginConfig, PluginContext, Restrictions
 from services.pusher.publisher import Publisher
-from services.pusher.sampling import GroupRunner
+from services.pusher.sampling import Cache, GroupRunner, Ticker
 
 log = logging.getLogger(__name__)
 
 State = Literal["running", "stopped", "error"]
 BUILD_TIMEOUT_S = 30.0
+REQUEST_BODY = "request body"
+"""The origin of a section that came over REST: it gets the :class:`Restrictions`."""
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Instance:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     state: State = "stopped"
     error: str | None = None
+    origin: str = ""
+    """Where the section came from (the file, or ``request body``)."""
 
     @property
     def sensor_names(self) -> list[str]:
@@ -71,19 +74,24 @@ class PluginManager:
 
     def __init__(
         self,
-        cache: SensorCache,
+        cache: Cache,
         publisher: Publisher,
         metrics: PusherMetrics,
         context: Callable[[str, PluginConfig], PluginContext],
         stamp_read_time: bool = False,
+        restrictions: Callable[[], Restrictions] | None = None,
     ) -> None:
         self.cache = cache
         self.publisher = publisher
         self.metrics = metrics
         self.context = context
         self.stamp_read_time = stamp_read_time
+        self.restrictions = restrictions or Restrictions
+        """What a section from a request body may use (files, hosts, commands)."""
         self.instances: dict[str, Instance] = {}
         self.lock = asyncio.Lock()
+        self.ticker = Ticker()
+        """One timer per sampling instant for every group of this pusher."""
 
     def get(self, name: str) -> Instance:
         inst = self.instances.get(name)
@@ -101,7 +109,7 @@ class PluginManager:
         if name in self.instances:
             raise ConfigError(f"plugin instance {name!r} is already loaded; unload or reload it")
         _, cfg = validate_section(name, section, origin)
-        inst = Instance(name, plugin_type(name, section), section, cfg)
+        inst = Instance(name, plugin_type(name, section), section, cfg, origin=origin)
         await self._build(inst, origin)
         self.instances[name] = inst
         self._gauges()
@@ -111,7 +119,10 @@ class PluginManager:
 
     async def _build(self, inst: Instance, origin: str) -> None:
         cls, cfg = validate_section(inst.name, inst.section, origin)
-        plugin = cls(cfg, self.context(inst.name, cfg))
+        ctx = self.context(inst.name, cfg)
+        if origin == REQUEST_BODY:
+            ctx.restrictions = self.restrictions()
+        plugin = cls(cfg, ctx)
         inst.plugin, inst.config = plugin, cfg
         try:
             groups = await asyncio.wait_for(plugin.build(), BUILD_TIMEOUT_S)
@@ -144,7 +155,13 @@ class PluginManager:
                 seen.add(s.name)
         inst.runners = [
             GroupRunner(
-                inst.name, g, self.cache, self.publisher.submit, self.metrics, self.stamp_read_time
+                inst.name,
+                g,
+                self.cache,
+                self.publisher.submit,
+                self.metrics,
+                self.stamp_read_time,
+                ticker=self.ticker,
             )
             for g in groups
             if g.sensors
@@ -225,7 +242,7 @@ class PluginManager:
             return await self.load(name, section, origin)
         except ConfigError:
             # e.g. a sensor clash found only while building: keep the old one running.
-            await self.load(name, was.section, origin)
+            await self.load(name, was.section, was.origin or origin)
             raise
 
     async def apply(self, sections: dict[str, dict[str, Any]], origin: str) -> dict[str, list[str]]:

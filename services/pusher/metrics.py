@@ -1,15 +1,15 @@
-"""The pusher's Prometheus metrics (``kelvin_pusher_*``)."""
+"""The pusher's Prometheus metrics (``kelvin_pusher_*``), in its own light registry."""
 
 from __future__ import annotations
 
-from services.common.metrics import ServiceMetrics
+from services.pusher.prom import Registry
 
 
 class PusherMetrics:
     """Counters and gauges of sampling and publishing, in one registry."""
 
-    def __init__(self, metrics: ServiceMetrics | None = None) -> None:
-        m = metrics or ServiceMetrics("pusher")
+    def __init__(self, metrics: Registry | None = None) -> None:
+        m = metrics or Registry("pusher")
         self.service = m
         self.reads = m.counter("reads_total", "Successful group reads", ["plugin"])
         self.readings = m.counter("readings_total", "Readings queued for publishing", ["plugin"])
@@ -34,6 +34,16 @@ class PusherMetrics:
         self.connects = m.counter("broker_connects_total", "Successful connects", ["broker"])
         self.connect_errors = m.counter(
             "broker_errors_total", "Failed connects and lost connections", ["broker"]
+        )
+        self.server_disconnects = m.counter(
+            "broker_disconnects_total",
+            "DISCONNECTs the broker sent (MQTT 5), by reason code (0x8B, 0x9C, 0x9D: reconnected)",
+            ["reason"],
+        )
+        self.http_refused = m.counter(
+            "http_refused_total",
+            "REST requests refused before any handler ran (auth, host, origin, limits)",
+            ["reason"],
         )
         self.plugin_errors = m.counter(
             "plugin_errors_total",

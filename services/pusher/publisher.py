@@ -1,4 +1,4 @@
-"""Kelvin's publisher interface and its MQTT implementation (aiomqtt).
+"""Kelvin's publisher interface and its MQTT implementation (:mod:`services.pusher.mqtt`).
 
 The pusher hands every group's queued readings to a :class:`Publisher` as
 :class:`~services.pusher.sampling.Chunk` objects and never waits for it. The MQTT
@@ -7,13 +7,25 @@ publisher keeps them, unencoded, in one bounded outage buffer
 one PUBLISH per sensor with all its queued readings), and publishes with QoS 0
 or 1 through a window of ``max_inflight`` unacknowledged messages.
 
-Delivery: a QoS 1 message counts as sent only on its PUBACK. A message that is
-in flight when the connection drops goes back to the head of the buffer and is
-sent again after the reconnect, so a broker outage loses nothing inside the
-bound; past the bound the oldest readings are dropped, counted
-(``kelvin_pusher_readings_dropped_total{reason="buffer_full"}``) and logged.
-Brokers are tried in the configured order on every (re)connect: the first one
-that answers is used, so traffic returns to the primary once it is back.
+Delivery: a QoS 1 message counts as sent only on its PUBACK. Messages in flight
+when the connection drops go back to the head of the buffer, in their order,
+and are sent again after the reconnect, so a broker outage loses nothing
+inside the bound; past the bound the oldest readings are dropped, counted
+(``kelvin_pusher_readings_dropped_total{reason="buffer_full"}``) and logged. A
+PUBACK whose MQTT 5 reason code refuses the message for good (0x87 not
+authorised, 0x90 bad topic, 0x99 bad payload) drops it, counted by reason
+(``denied``/``refused``); a refusal that may pass later (0x80, 0x83, 0x97
+quota) puts it back and pauses sending for a second.
+
+Reconnecting: brokers are tried in the configured order on every (re)connect,
+so traffic returns to the primary once it is back; the waits between rounds
+grow from ``reconnect_min_s`` to ``reconnect_max_s`` with full jitter, so a
+thousand pushers that lost the same agent do not come back in step. A broker
+that asks its clients to move (MQTT 5 DISCONNECT 0x8B shutting down, 0x9C use
+another server, 0x9D server moved, as the collect agent does when it drains
+or rebalances) is answered at once, after a jitter of up to
+``reconnect_jitter_s``, through the same address: behind a Kubernetes Service
+that is another agent replica.
 """
 
 from __future__ import annotations
@@ -21,26 +33,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import ssl
 import time
 import zlib
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import aiomqtt
-import numpy as np
+from typing import Any
 
 from services.common.logs import RateLimitedLog
-from services.common.sensors import SensorMetadata
-from services.pusher import spool
-from services.pusher.formats import Format, Message, encode, metadata_message
+from services.pusher import mqtt, spool
+from services.pusher.formats import Format, Message, SensorMetadata, encode, metadata_message
 from services.pusher.metrics import PusherMetrics
 from services.pusher.sampling import Chunk
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, period_s=30)
+
+_REFUSED_FOR_GOOD = {0x87: "denied", 0x90: "refused", 0x99: "refused", 0x95: "refused"}
+"""PUBACK reason codes after which sending the same message again cannot succeed."""
 
 
 class Publisher(ABC):
@@ -89,40 +103,70 @@ class MqttOptions:
     publish_timeout_s: float = 10.0
     reconnect_min_s: float = 0.2
     reconnect_max_s: float = 5.0
+    reconnect_jitter_s: float = 1.0
+    """Longest wait before reconnecting after a broker asked its clients to move."""
     flush_timeout_s: float = 5.0
     username: str | None = None
     password: str | None = None
+    tls: bool = False
+    tls_ca: Path | None = None
+    """CA bundle to verify the broker with (None: the system's)."""
+    tls_server_name: str | None = None
+    """Name the broker's certificate must carry (None: the host of the endpoint)."""
+    mqtt_version: int | None = None
+    """5 or 4 (3.1.1); None = 5, and 3.1.1 for a broker that refuses 5."""
     announce: bool = True
     spool_path: Path | None = None
     """Where readings still unsent at stop are kept for the next start (None = dropped)."""
     extra: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Out:
+    """A message on its way: what it is and whether unsent.bin still holds it."""
+
+    msg: Message
+    spooled: bool = False
+    sent_at: float = 0.0
+
+
 class MqttPublisher(Publisher):
-    """Publish through aiomqtt to the first reachable broker of a list."""
+    """Publish to the first reachable broker of a list."""
 
     def __init__(self, options: MqttOptions, metrics: PusherMetrics) -> None:
         self.o = options
         self.m = metrics
         self._pending: deque[Chunk] = deque()
         self._pending_readings = 0
-        self._outbox: deque[Message] = deque()
+        self._outbox: deque[_Out] = deque()
         self._outbox_readings = 0
         self._control: deque[Message] = deque()
         self._meta: dict[str, Message] = {}
         """Encoded metadata of every announced sensor, sent again at each connect."""
-        self._busy = 0
-        """Messages being published right now (awaiting their PUBACK with QoS 1)."""
-        self._idle_workers: deque[asyncio.Future[None]] = deque()
-        """Workers waiting for work; woken one at a time (64 woken per cycle would cost ~0.5 %)."""
-        self._broken = asyncio.Event()
+        self._inflight: OrderedDict[int, _Out] = OrderedDict()
+        """Unacknowledged QoS 1 messages by packet id, oldest first."""
+        self._inflight_readings = 0
+        self._next_id = 0
+        self._conn: mqtt.Connection | None = None
+        self._lost: asyncio.Future[mqtt.MqttError] | None = None
         self._drained = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._pump_handle: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._due_now = False
+        """Bursty sending: the burst instant came, encode and send what is pending."""
+        self._paused_until = 0.0
         self._connected_to: str | None = None
+        self._versions: dict[str, int] = {}
+        """Endpoint -> the MQTT version it accepted (3.1.1 brokers refuse 5)."""
         self._next_burst = 0.0
         # Spread bursts of many nodes over the interval instead of all at :00.
         self._burst_phase = (zlib.crc32(options.client_id.encode()) % 1000) / 1000
+        self._burst_timer: asyncio.TimerHandle | None = None
+        self._spooled = 0
+        """Messages read from unsent.bin at start and not yet acknowledged."""
+        self._topics: dict[str, bytes] = {}
         self.sent_readings = 0
         self.dropped_readings = 0
         self.last_error: str | None = None
@@ -134,7 +178,7 @@ class MqttPublisher(Publisher):
 
     @property
     def buffered_readings(self) -> int:
-        return self._pending_readings + self._outbox_readings
+        return self._pending_readings + self._outbox_readings + self._inflight_readings
 
     def submit(self, chunk: Chunk) -> None:
         self._pending.append(chunk)
@@ -149,9 +193,10 @@ class MqttPublisher(Publisher):
         lost = 0
         while self.buffered_readings > self.o.buffer_readings:
             if self._outbox:
-                msg = self._outbox.popleft()
-                self._outbox_readings -= msg.readings
-                lost += msg.readings
+                out = self._outbox.popleft()
+                self._outbox_readings -= out.msg.readings
+                lost += out.msg.readings
+                self._forget_spooled(out)
             elif self._pending:
                 chunk = self._pending.popleft()
                 self._pending_readings -= chunk.readings
@@ -175,7 +220,7 @@ class MqttPublisher(Publisher):
         messages = [metadata_message(m) for m in metadata]
         for meta, msg in zip(metadata, messages, strict=True):
             self._meta[meta.name] = msg
-        if self._connected_to is not None:
+        if self._conn is not None:
             self._control.extend(messages)
             self._kick()
 
@@ -188,14 +233,17 @@ class MqttPublisher(Publisher):
     async def start(self) -> None:
         self._next_burst = self._next_burst_after(time.time())
         if self.o.spool_path is not None:
-            saved = spool.load(self.o.spool_path)
+            saved = spool.read(self.o.spool_path)
             if saved:
-                self._outbox.extend(saved)
+                self._outbox.extend(_Out(m, spooled=True) for m in saved)
                 self._outbox_readings += sum(m.readings for m in saved)
+                self._spooled = len(saved)
                 self.m.buffered.set(self.buffered_readings)
                 log.info(
-                    "%d readings left unsent at the last stop will be sent first",
+                    "%d readings left unsent at the last stop will be sent first (%s is kept "
+                    "until a broker acknowledges them)",
                     self._outbox_readings,
+                    self.o.spool_path,
                 )
         self._task = asyncio.create_task(self._run(), name="pusher-mqtt")
 
@@ -203,27 +251,39 @@ class MqttPublisher(Publisher):
         if self._task is None:
             return
         self._closing = True
-        self._kick(everyone=True)
-        if self._connected_to is not None and (self.buffered_readings or self._busy):
+        self._kick()
+        if self._conn is not None and (self.buffered_readings or self._control):
+            self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), self.o.flush_timeout_s)
+        if self._conn is not None:
+            self._conn.disconnect()  # a clean DISCONNECT; what is unacknowledged is kept below
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        for handle in (self._pump_handle, self._burst_timer):
+            if handle is not None:
+                handle.cancel()
+        self._keep_unsent()
+
+    def _keep_unsent(self) -> None:
         left = self.buffered_readings
-        if left and self.o.spool_path is not None:
+        path = self.o.spool_path
+        if left and path is not None:
             self._encode_pending()
             try:
-                kept = spool.save(self.o.spool_path, list(self._outbox))
+                kept = spool.save(path, [o.msg for o in self._outbox])
                 log.warning(
                     "stopping with %d readings not delivered; kept in %s for the next start",
                     kept,
-                    self.o.spool_path,
+                    path,
                 )
                 left = 0
             except OSError as exc:
-                log.error("cannot keep unsent readings in %s: %s", self.o.spool_path, exc)
+                log.error("cannot keep unsent readings in %s: %s", path, exc)
+        elif not left and path is not None and self._spooled:
+            spool.remove(path)  # nothing is left of what it held
         if left:
             self.dropped_readings += left
             self.m.dropped.labels("shutdown").inc(left)
@@ -243,89 +303,156 @@ class MqttPublisher(Publisher):
             "brokers": [f"{h}:{p}" for h, p in self.o.brokers],
             "format": self.o.format,
             "qos": self.o.qos,
+            "tls": self.o.tls,
             "buffered_readings": self.buffered_readings,
             "buffer_readings_max": self.o.buffer_readings,
-            "inflight_messages": self._busy,
+            "inflight_messages": len(self._inflight),
             "sent_readings": self.sent_readings,
             "dropped_readings": self.dropped_readings,
+            "unsent_file_messages": self._spooled,
             "last_error": self.last_error,
         }
 
     # ------------------------------------------------------------------ connection
 
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.o.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.o.tls_ca) if self.o.tls_ca else None)
+        return ctx
+
     async def _run(self) -> None:
         backoff = self.o.reconnect_min_s
+        tls = self._tls_context()
         while True:
+            moved = False
             for host, port in self.o.brokers:
-                endpoint = f"{host}:{port}"
+                endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
                 try:
-                    client = aiomqtt.Client(
-                        host,
-                        port,
-                        identifier=self.o.client_id,
-                        username=self.o.username,
-                        password=self.o.password,
-                        keepalive=self.o.keepalive_s,
-                        timeout=self.o.connect_timeout_s,
-                        clean_session=True,
-                        max_inflight_messages=self.o.max_inflight,
-                    )
-                    client.pending_calls_threshold = 1 << 30  # our window bounds it
-                    async with client:
-                        backoff = self.o.reconnect_min_s
-                        await self._serve(client, endpoint)
-                except aiomqtt.MqttError as exc:
-                    self.last_error = f"{endpoint}: {exc}"
-                    self.m.connect_errors.labels(endpoint).inc()
-                    _rlog.warning(
-                        f"broker:{endpoint}", "MQTT broker %s: %s; buffering", endpoint, exc
-                    )
+                    why = await self._session(host, port, endpoint, tls)
+                except mqtt.MqttError as exc:
+                    self._note_error(endpoint, exc)
+                    continue
                 except Exception as exc:  # never let the publisher die: readings keep buffering
                     self.last_error = f"{endpoint}: {type(exc).__name__}: {exc}"
                     self.m.connect_errors.labels(endpoint).inc()
                     log.exception("MQTT connection to %s failed unexpectedly", endpoint)
-                finally:
-                    if self._connected_to is not None:
-                        self._connected_to = None
-                        self.m.connected.set(0)
-            await asyncio.sleep(backoff)
+                    continue
+                # Connected, then lost: the backoff starts again from its minimum.
+                backoff = self.o.reconnect_min_s
+                self._note_error(endpoint, why)
+                if isinstance(why, mqtt.ServerDisconnect) and why.code in mqtt.MOVE_CODES:
+                    moved = True  # the broker asked: back through the same address, soon
+                    break
+            if moved:
+                await asyncio.sleep(random.uniform(0, self.o.reconnect_jitter_s))
+                continue
+            await asyncio.sleep(random.uniform(self.o.reconnect_min_s, backoff))
             backoff = min(backoff * 2, self.o.reconnect_max_s)
 
-    async def _serve(self, client: aiomqtt.Client, endpoint: str) -> None:
+    def _note_error(self, endpoint: str, exc: Exception) -> None:
+        self.last_error = f"{endpoint}: {exc}"
+        self.m.connect_errors.labels(endpoint).inc()
+        if isinstance(exc, mqtt.ServerDisconnect):
+            self.m.server_disconnects.labels(f"0x{exc.code:02X}").inc()
+            log.info("MQTT broker %s: %s; reconnecting", endpoint, exc)
+        else:
+            _rlog.warning(f"broker:{endpoint}", "MQTT broker %s: %s; buffering", endpoint, exc)
+
+    async def _session(
+        self, host: str, port: int, endpoint: str, tls: ssl.SSLContext | None
+    ) -> mqtt.MqttError:
+        """Connect and publish until the connection is lost; returns why it was lost.
+
+        Raises MqttError when no connection could be made."""
+        loop = asyncio.get_running_loop()
+        version = self.o.mqtt_version or self._versions.get(endpoint, 5)
+        lost: asyncio.Future[mqtt.MqttError] = loop.create_future()
+
+        def on_lost(exc: mqtt.MqttError) -> None:
+            if not lost.done():
+                lost.set_result(exc)
+
+        options = mqtt.ConnectOptions(
+            host,
+            port,
+            self.o.client_id,
+            self.o.keepalive_s,
+            self.o.username,
+            self.o.password,
+            tls,
+            self.o.tls_server_name,
+            version,
+            self.o.connect_timeout_s,
+        )
+        try:
+            conn = await mqtt.Connection.open(options, self._on_puback, on_lost)
+        except mqtt.ConnectRefused as exc:
+            if not (exc.wants_older_protocol and self.o.mqtt_version is None):
+                raise
+            options.version = 4
+            conn = await mqtt.Connection.open(options, self._on_puback, on_lost)
+        self._versions[endpoint] = options.version
+        self._conn, self._lost = conn, lost
         self._connected_to = endpoint
         self.m.connected.set(1)
         self.m.connects.labels(endpoint).inc()
-        log.info("connected to MQTT broker %s", endpoint)
-        self._broken.clear()
+        log.info(
+            "connected to MQTT broker %s (MQTT %s%s)",
+            endpoint,
+            "5" if options.version == 5 else "3.1.1",
+            ", TLS" if tls else "",
+        )
         self._control = deque(self._meta.values())
-        # QoS 1: a window of workers, each awaiting its PUBACK; QoS 0: one writer.
-        workers = [
-            asyncio.create_task(self._worker(client))
-            for _ in range(self.o.max_inflight if self.o.qos else 1)
-        ]
-        tasks = {
-            asyncio.create_task(self._watch(client)),
-            asyncio.create_task(self._broken.wait()),
-            *workers,
-        }
         if self.o.bursty:
-            tasks.add(asyncio.create_task(self._burst_timer()))
+            self._arm_burst()
         self._kick()
+        self._watchdog = loop.call_later(self.o.publish_timeout_s / 2, self._watch)
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            return await lost
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for t in tasks:
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        raise aiomqtt.MqttError("connection lost")
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+            conn.close()
+            self._lost_connection(lost.result() if lost.done() else mqtt.MqttError("cancelled"))
 
-    async def _watch(self, client: aiomqtt.Client) -> None:
-        # Nothing is subscribed; the iterator ends with MqttError on disconnect.
-        async for _ in client.messages:
-            pass
+    def _watch(self) -> None:
+        """Abandon a connection whose oldest unacknowledged message waits too long."""
+        self._watchdog = None
+        lost = self._lost
+        if self._conn is None or lost is None or lost.done():
+            return
+        if self._inflight:
+            oldest = next(iter(self._inflight.values()))
+            if time.monotonic() - oldest.sent_at > self.o.publish_timeout_s:
+                lost.set_result(mqtt.MqttError(f"no PUBACK within {self.o.publish_timeout_s:g} s"))
+                return
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self.o.publish_timeout_s / 2, self._watch)
+
+    def _lost_connection(self, why: mqtt.MqttError) -> None:
+        if self._conn is None:
+            return
+        self._conn = None
+        self._lost = None
+        if self._connected_to is not None:
+            self._connected_to = None
+            self.m.connected.set(0)
+        if self._burst_timer is not None:
+            self._burst_timer.cancel()
+            self._burst_timer = None
+        if self._inflight:
+            # Unacknowledged: back to the head of the buffer in their order, sent again.
+            back = list(self._inflight.values())
+            self._inflight.clear()
+            self._inflight_readings = 0
+            for out in reversed(back):
+                if out.msg.readings:
+                    self._outbox.appendleft(out)
+                    self._outbox_readings += out.msg.readings
+            self.m.buffered.set(self.buffered_readings)
+        self.last_error = str(why)
 
     # ------------------------------------------------------------------ sending
 
@@ -334,12 +461,25 @@ class MqttPublisher(Publisher):
         offset = self._burst_phase * period
         return ((now - offset) // period + 1) * period + offset
 
+    def _arm_burst(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, self._next_burst - time.time())
+        self._burst_timer = loop.call_later(delay, self._burst)
+
+    def _burst(self) -> None:
+        self._burst_timer = None
+        if time.time() >= self._next_burst:
+            self._next_burst = self._next_burst_after(time.time())
+            self._due_now = True
+        self._pump()
+        if self._conn is not None:
+            self._arm_burst()
+
     def _due(self) -> bool:
         if not self.o.bursty or self._closing:
             return True
-        now = time.time()
-        if now >= self._next_burst:
-            self._next_burst = self._next_burst_after(now)
+        if self._due_now:
+            self._due_now = False
             return True
         return False
 
@@ -350,91 +490,126 @@ class MqttPublisher(Publisher):
         by_route: dict[int, list[Chunk]] = {}
         for c in chunks:
             by_route.setdefault(id(c.route), []).append(c)
+        limit = self.o.batch_max_bytes
+        if self._conn is not None:
+            # The broker's maximum packet size, less the PUBLISH header and topic.
+            limit = min(limit, self._conn.limits.maximum_packet_size - 1024)
         for group in by_route.values():
             route = group[0].route
-            if len(group) == 1:
-                ts, values, mask = group[0].ts, group[0].values, group[0].mask
+            ts: list[int] = [t for c in group for t in c.ts]
+            values: list[Any] = [row for c in group for row in c.values]
+            if all(c.mask is None for c in group):
+                mask = None
             else:
-                ts = np.concatenate([c.ts for c in group])
-                values = np.concatenate([c.values for c in group])
-                if all(c.mask is None for c in group):
-                    mask = None
-                else:
-                    mask = np.concatenate(
-                        [np.ones(c.values.shape, bool) if c.mask is None else c.mask for c in group]
-                    )
-            for msg in encode(self.o.format, route, ts, values, mask, self.o.batch_max_bytes):
-                self._outbox.append(msg)
+                mask = [m for c in group for m in (c.mask or [None] * len(c.ts))]
+            for msg in encode(self.o.format, route, ts, values, mask, max(1024, limit)):
+                self._outbox.append(_Out(msg))
                 self._outbox_readings += msg.readings
 
-    def _next(self) -> Message | None:
+    def _next(self) -> _Out | None:
         if self._control:
-            return self._control.popleft()
+            return _Out(self._control.popleft())
         if not self._outbox and self._pending and self._due():
             self._encode_pending()
         if not self._outbox:
             return None
-        msg = self._outbox.popleft()
-        self._outbox_readings -= msg.readings
-        self.m.buffered.set(self.buffered_readings)
-        return msg
+        out = self._outbox.popleft()
+        self._outbox_readings -= out.msg.readings
+        return out
 
     def _idle(self) -> bool:
-        return not (self._control or self._outbox or self._pending or self._busy)
+        return not (self._control or self._outbox or self._pending or self._inflight)
 
-    def _kick(self, everyone: bool = False) -> None:
-        """Wake one idle worker (it wakes the next if more work is waiting), or all."""
-        while self._idle_workers:
-            fut = self._idle_workers.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                if not everyone:
-                    return
+    def _kick(self) -> None:
+        """Send what can be sent, once per loop iteration whatever the number of calls."""
+        if self._pump_handle is None and self._conn is not None:
+            loop = asyncio.get_running_loop()
+            self._pump_handle = loop.call_soon(self._pump)
 
-    async def _worker(self, client: aiomqtt.Client) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            msg = self._next()
-            if msg is None:
-                if self._closing and self._idle():
-                    self._drained.set()
-                fut: asyncio.Future[None] = loop.create_future()
-                self._idle_workers.append(fut)
-                await fut
-                continue
-            if self._control or self._outbox or (self._pending and not self.o.bursty):
-                self._kick()
-            self._busy += 1
-            try:
-                await client.publish(
-                    msg.topic, msg.payload, qos=self.o.qos, timeout=self.o.publish_timeout_s
-                )
-            except BaseException as exc:
-                if msg.readings:
-                    # Unacknowledged: back to the head of the buffer, sent again after reconnect.
-                    self._outbox.appendleft(msg)
-                    self._outbox_readings += msg.readings
-                    self.m.buffered.set(self.buffered_readings)
-                if isinstance(exc, aiomqtt.MqttError):
-                    self.last_error = f"publish failed: {exc}"
-                    self._broken.set()
-                    return
-                raise
-            finally:
-                self._busy -= 1
-            if msg.readings:
-                self.sent_readings += msg.readings
-                self.m.sent.inc(msg.readings)
-                self._m_msgs_data.inc()
+    def _pump(self) -> None:
+        self._pump_handle = None
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        now = time.monotonic()
+        if now < self._paused_until:
+            self._pump_handle = asyncio.get_running_loop().call_later(
+                self._paused_until - now, self._pump
+            )
+            return
+        qos = self.o.qos
+        window = min(self.o.max_inflight, conn.limits.receive_maximum)
+        while not qos or len(self._inflight) < window:
+            if conn.writable_bytes() > 4 << 20:
+                # The socket is behind (a slow broker): look again in a moment.
+                self._pump_handle = asyncio.get_running_loop().call_later(0.05, self._pump)
+                break
+            out = self._next()
+            if out is None:
+                break
+            msg = out.msg
+            topic = self._topics.get(msg.topic)
+            if topic is None:
+                topic = msg.topic.encode("utf-8")
+                if len(self._topics) < 100_000:
+                    self._topics[msg.topic] = topic
+            if qos:
+                self._next_id = self._next_id % 65535 + 1
+                while self._next_id in self._inflight:
+                    self._next_id = self._next_id % 65535 + 1
+                out.sent_at = now
+                self._inflight[self._next_id] = out
+                self._inflight_readings += msg.readings
+                conn.publish(topic, msg.payload, 1, self._next_id)
             else:
-                self._m_msgs_meta.inc()
-            if self._closing and self._idle():
-                self._drained.set()
+                conn.publish(topic, msg.payload, 0, 0)  # QoS 0: sent once written
+                self._sent(out)
+        self.m.buffered.set(self.buffered_readings)
+        if self._closing and self._idle():
+            self._drained.set()
 
-    async def _burst_timer(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.0, self._next_burst - time.time()))
-            self._kick()
-            await asyncio.sleep(0)  # let the workers take the burst before the next wait
-            if time.time() >= self._next_burst:
-                self._next_burst = self._next_burst_after(time.time())
+    def _sent(self, out: _Out) -> None:
+        if not out.msg.readings:
+            self._m_msgs_meta.inc()
+            return
+        self.sent_readings += out.msg.readings
+        self.m.sent.inc(out.msg.readings)
+        self._m_msgs_data.inc()
+        self._forget_spooled(out)
+
+    def _forget_spooled(self, out: _Out) -> None:
+        if out.spooled:
+            out.spooled = False
+            self._spooled -= 1
+            if self._spooled == 0 and self.o.spool_path is not None:
+                spool.remove(self.o.spool_path)
+                log.info("every reading left unsent at the last stop was delivered")
+
+    def _on_puback(self, packet_id: int, code: int) -> None:
+        out = self._inflight.pop(packet_id, None)
+        if out is None:
+            return
+        self._inflight_readings -= out.msg.readings
+        if code < 0x80:
+            self._sent(out)
+        elif code in _REFUSED_FOR_GOOD:
+            why = _REFUSED_FOR_GOOD[code]
+            self.dropped_readings += out.msg.readings
+            self.m.dropped.labels(why).inc(out.msg.readings)
+            self._forget_spooled(out)
+            self.last_error = f"broker refused {out.msg.topic}: {mqtt.reason(code)}"
+            _rlog.warning(
+                f"refused:{code}",
+                "broker refused %d readings on %s: %s (dropped, counted as %s)",
+                out.msg.readings,
+                out.msg.topic,
+                mqtt.reason(code),
+                why,
+            )
+        else:
+            # Might pass later (quota, a transient error): again, after a pause.
+            self._outbox.appendleft(out)
+            self._outbox_readings += out.msg.readings
+            self._paused_until = time.monotonic() + 1.0
+            self.last_error = f"broker answered {mqtt.reason(code)}; retrying"
+        self._kick()

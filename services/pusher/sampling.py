@@ -8,6 +8,10 @@ worker thread, so a slow source delays only itself; a read that outlives its
 timeout is abandoned (the thread finishes on its own) and while it is still
 running the group skips beats instead of piling up threads. A read that
 overruns the interval makes the group skip the beats it missed, counted.
+
+Groups that sample on the same instant share one timer (:class:`Ticker`): a
+node's pusher wakes once per instant, not once per group, which is what a
+compute node's jobs see as OS noise.
 """
 
 from __future__ import annotations
@@ -15,20 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-import numpy as np
-
-from services.common.cache import SensorCache
 from services.common.logs import RateLimitedLog
-from services.common.readings import Float64Array, Int64Array
-from services.pusher.formats import Route
+from services.pusher.formats import Mask, Route
 from services.pusher.metrics import PusherMetrics
-from services.pusher.plugins.base import Group
-from services.pusher.processing import BoolArray, Processor
+from services.pusher.plugins.base import Group, Values
+from services.pusher.processing import Processor
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log)
@@ -36,9 +38,60 @@ _rlog = RateLimitedLog(log)
 Clock = Callable[[], int]
 
 
+class Cache(Protocol):
+    """What a runner needs of the sensor cache (:class:`services.pusher.cache.SensorCache`)."""
+
+    def points_for(self, interval_s: float) -> int: ...
+    def add_block(self, sensors: list[str], points: int) -> int: ...
+    def put_row(self, handle: int, timestamp_ns: int, values: Sequence[float]) -> None: ...
+    def drop_block(self, handle: int) -> None: ...
+
+
 def next_tick_ns(now_ns: int, interval_ns: int) -> int:
     """The next multiple of ``interval_ns`` since the epoch, strictly after ``now_ns``."""
     return (now_ns // interval_ns + 1) * interval_ns
+
+
+def as_floats(raw: Any) -> array[float]:
+    """A read's result as ``array('d')``: from an array, a list, or anything with float64
+    buffers (a numpy array, as third-party plugins return) without a Python loop."""
+    if type(raw) is array and raw.typecode == "d":
+        return raw
+    try:
+        view = memoryview(raw)
+    except TypeError:
+        return array("d", raw)
+    if view.ndim == 1 and view.format in ("d", "<d", "=d") and view.c_contiguous:
+        out = array("d")
+        out.frombytes(view.cast("B"))
+        return out
+    return array("d", raw)
+
+
+class Ticker:
+    """One timer per sampling instant, shared by every group that waits for it."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
+
+    async def until(self, tick_ns: int, clock: Clock) -> None:
+        """Return at wall-clock ``tick_ns`` (at once if it has passed)."""
+        delay = (tick_ns - clock()) / 1e9
+        if delay <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiting.get(tick_ns)
+        if waiters is None:
+            waiters = self._waiting[tick_ns] = []
+            loop.call_at(loop.time() + delay, self._fire, tick_ns)
+        waiters.append(fut)
+        await fut
+
+    def _fire(self, tick_ns: int) -> None:
+        for fut in self._waiting.pop(tick_ns, ()):
+            if not fut.done():
+                fut.set_result(None)
 
 
 @dataclass(slots=True)
@@ -46,12 +99,12 @@ class Chunk:
     """Queued cycles of one group, handed to the publisher."""
 
     route: Route
-    ts: Int64Array
-    """(k,) timestamps."""
-    values: Float64Array
-    """(k, n) values."""
-    mask: BoolArray | None
-    """(k, n) which values to send; None = all."""
+    ts: array[int]
+    """(k) timestamps."""
+    values: list[Sequence[float]]
+    """k rows of n values."""
+    mask: list[Mask | None] | None
+    """k rows of which values to send (None in a row: all); None = all of every row."""
     readings: int
 
 
@@ -62,18 +115,19 @@ class GroupRunner:
         self,
         plugin: str,
         group: Group,
-        cache: SensorCache,
+        cache: Cache,
         sink: Callable[[Chunk], None],
         metrics: PusherMetrics,
         stamp_read_time: bool = False,
         clock: Clock = time.time_ns,
+        ticker: Ticker | None = None,
     ) -> None:
         self.plugin = plugin
         self.group = group
         self.opts = group.options
         self.interval_ns = self.opts.interval_ms * 1_000_000
         self.timeout_s = (self.opts.timeout_ms or self.opts.interval_ms) / 1000
-        # Metadata models cost ~1.4 kB per sensor: build them for the route, then let go.
+        # Metadata objects cost ~1 kB per sensor: build them for the route, then let go.
         self.route = Route([s.metadata(self.opts.interval_ms) for s in group.sensors])
         self.processor = Processor([s.options for s in group.sensors])
         self.cache = cache
@@ -83,9 +137,10 @@ class GroupRunner:
         self.sink = sink
         self.stamp_read_time = stamp_read_time
         self.clock = clock
-        self.queue: deque[tuple[int, Float64Array, BoolArray | None]] = deque()
+        self.ticker = ticker or Ticker()
+        self.queue: deque[tuple[int, Sequence[float], Mask | None]] = deque()
         self._executor: ThreadPoolExecutor | None = None
-        self._inflight: asyncio.Future[Float64Array] | None = None
+        self._inflight: asyncio.Future[Values] | None = None
         self.reads = 0
         self.errors = 0
         self.timeouts = 0
@@ -112,9 +167,7 @@ class GroupRunner:
         tick = next_tick_ns(now, self.interval_ns) if sync else now + self.interval_ns
         try:
             while True:
-                delay = (tick - self.clock()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await self.ticker.until(tick, self.clock)
                 raw = await self._read(tick)
                 if raw is not None:
                     self.ingest(self.clock() if self.stamp_read_time else tick, raw)
@@ -127,7 +180,7 @@ class GroupRunner:
         finally:
             self._stop_worker()
 
-    async def _read(self, tick: int) -> Float64Array | None:
+    async def _read(self, tick: int) -> array[float] | None:
         if self._inflight is not None and not self._inflight.done():
             # The previous (abandoned) read still occupies the worker: skip this beat.
             self.skipped += 1
@@ -136,15 +189,16 @@ class GroupRunner:
         group = self.group
         try:
             if group.is_async:
-                raw = await asyncio.wait_for(group.read_async(tick), self.timeout_s)
+                got: Any = await asyncio.wait_for(group.read_async(tick), self.timeout_s)
             elif group.blocking:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"read-{self.name}")
                 loop = asyncio.get_running_loop()
                 self._inflight = loop.run_in_executor(self._executor, group.read, tick)
-                raw = await asyncio.wait_for(asyncio.shield(self._inflight), self.timeout_s)
+                got = await asyncio.wait_for(asyncio.shield(self._inflight), self.timeout_s)
             else:
-                raw = group.read(tick)
+                got = group.read(tick)
+            raw = as_floats(got)
         except TimeoutError:
             self.timeouts += 1
             self._m_timeout.inc()
@@ -159,12 +213,11 @@ class GroupRunner:
             self.last_error = f"{type(exc).__name__}: {exc}"
             _rlog.warning(self.name, "%s: read failed: %s", self.name, self.last_error)
             return None
-        raw = np.asarray(raw, dtype=np.float64)
-        if raw.shape != (self.route.n,):
+        if len(raw) != self.route.n:
             self.errors += 1
             self._m_error.inc()
             self.last_error = (
-                f"read returned {raw.shape} values; expected ({self.route.n},), one per sensor"
+                f"read returned {len(raw)} values; expected {self.route.n}, one per sensor"
             )
             _rlog.warning(self.name, "%s: %s", self.name, self.last_error)
             return None
@@ -173,38 +226,38 @@ class GroupRunner:
         self.last_error = None
         return raw
 
-    def ingest(self, ts: int, raw: Float64Array) -> None:
+    def ingest(self, ts: int, raw: Sequence[float]) -> None:
         """Process one cycle: cache it, queue what is to be sent, hand over when due."""
         p = self.processor.process(raw)
         self.last_read_ns = ts
         if p.invalid:
             self._m_invalid.inc(p.invalid)
-        self.cache.put_rows(self.block, np.array([ts], dtype=np.int64), p.cached)
-        if p.send_mask is not None and not p.send_mask.any():
-            return
-        n_send = len(p.send) if p.send_mask is None else int(np.count_nonzero(p.send_mask))
+        self.cache.put_row(self.block, ts, p.cached)
+        mask = p.send_mask
+        if mask is None:
+            n_send = self.route.n
+        else:
+            n_send = sum(mask)
+            if not n_send:
+                return
         self._m_readings.inc(n_send)
-        self.queue.append((ts, p.send, p.send_mask))
+        self.queue.append((ts, p.send, mask))
         if len(self.queue) > self.opts.queue_size:
-            _, _, mask = self.queue.popleft()
-            lost = self.route.n if mask is None else int(np.count_nonzero(mask))
-            self._m_queue_drop.inc(lost)
+            _, _, old = self.queue.popleft()
+            self._m_queue_drop.inc(self.route.n if old is None else sum(old))
         if len(self.queue) >= self.opts.min_values:
             self.sink(self.take())
 
     def take(self) -> Chunk:
         rows = list(self.queue)
         self.queue.clear()
-        ts = np.array([r[0] for r in rows], dtype=np.int64)
-        values = np.stack([r[1] for r in rows]) if len(rows) > 1 else rows[0][1][None, :]
+        ts = array("q", [r[0] for r in rows])
+        values = [r[1] for r in rows]
         if all(r[2] is None for r in rows):
-            mask = None
-            readings = values.size
-        else:
-            n = values.shape[1]
-            mask = np.stack([np.ones(n, bool) if r[2] is None else r[2] for r in rows])
-            readings = int(np.count_nonzero(mask))
-        return Chunk(self.route, ts, values, mask, readings)
+            return Chunk(self.route, ts, values, None, self.route.n * len(rows))
+        masks = [r[2] for r in rows]
+        readings = sum(self.route.n if m is None else sum(m) for m in masks)
+        return Chunk(self.route, ts, values, masks, readings)
 
     def _stop_worker(self) -> None:
         if self._executor is not None:

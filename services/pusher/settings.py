@@ -1,31 +1,34 @@
 """Settings of the pusher (YAML section ``pusher``, env prefix ``KELVIN_PUSHER_``).
 
 Global keys here; one sub-section per plugin instance under ``plugins``, each
-validated by its plugin's own model (see :mod:`services.pusher.config`).
+validated by its plugin's own model (see :mod:`services.pusher.config`). Light
+models (:class:`services.common.config.SectionModel`): the same YAML, env and
+flag precedence and the same error messages as the other services'
+pydantic-settings models, without pydantic in a compute node's pusher. The
+shared ``auth`` section is :class:`services.common.auth_settings.AuthSettings`
+(light too).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
-
 from services.common import names
-from services.common.settings import SectionSettings
+from services.common.config import SectionModel
+from services.common.schema import Field, field_validator
 
 
 def short_hostname() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-class Settings(SectionSettings):
+class Settings(SectionModel):
     """pusher settings."""
 
     section: ClassVar[str] = "pusher"
-    model_config = SettingsConfigDict(env_prefix="KELVIN_PUSHER_")
 
     host: str = "0.0.0.0"
     """HTTP bind address."""
@@ -44,6 +47,14 @@ class Settings(SectionSettings):
     """MQTT client id (default ``kelvin-pusher-<host>-<random>``)."""
     mqtt_username: str | None = None
     mqtt_password: str | None = None
+    mqtt_tls: bool = False
+    """Connect to the brokers with TLS (verifying their certificates)."""
+    mqtt_tls_ca: Path | None = None
+    """CA bundle (PEM) to verify the brokers with (None: the system's CAs)."""
+    mqtt_tls_server_name: str | None = None
+    """Name the brokers' certificates must carry (None: the host of each broker address)."""
+    mqtt_version: Literal["auto", "5", "3.1.1"] = "auto"
+    """MQTT protocol: ``auto`` = 5, and 3.1.1 with a broker that refuses 5."""
     format: Literal["kvb1", "dcdb"] = "kvb1"
     """Wire format: Kelvin's batched KVB1 or DCDB's one PUBLISH per sensor."""
     qos: Literal[0, 1] = 1
@@ -62,7 +73,10 @@ class Settings(SectionSettings):
     """Largest KVB1 payload; bigger groups are split."""
     keepalive_s: int = Field(30, ge=5)
     reconnect_max_s: float = Field(5.0, gt=0)
-    """Longest wait between connect attempts (backoff from 0.2 s)."""
+    """Longest wait between connect attempts (backoff from 0.2 s, with full jitter)."""
+    reconnect_jitter_s: float = Field(1.0, ge=0)
+    """Longest wait before reconnecting when a broker asks its clients to move
+    (MQTT 5 DISCONNECT 0x8B, 0x9C, 0x9D)."""
     flush_timeout_s: float = Field(5.0, ge=0)
     """How long ``stop`` waits for buffered readings to go out."""
     keep_unsent: bool = True
@@ -74,9 +88,15 @@ class Settings(SectionSettings):
     cache_max_points: int = Field(1024, ge=2)
     """Cap on cached readings per sensor (bounds memory at short intervals)."""
     token: str | None = None
-    """Bearer token required by every state-changing REST call (None = no auth)."""
+    """An admin token of this pusher's REST API, besides ``auth.admin_token``."""
     auth_reads: bool = False
-    """Require the token on read-only REST calls too."""
+    """Require a read token on read-only REST calls even where reads would be open."""
+    file_roots: list[str] | None = None
+    """Directories a plugin section loaded over REST may read files under (None: /proc,
+    /sys and every plugin ``root`` of the configuration file)."""
+    rest_hosts: list[str] | None = None
+    """Hosts a ``rest`` plugin section loaded over REST may fetch from (None: the hosts
+    of the ``rest`` endpoints of the configuration file)."""
     plugins: dict[str, dict[str, Any] | None] | None = None
     """Plugin instances: section name -> its settings. None = the profile's defaults."""
 
@@ -103,9 +123,25 @@ class Settings(SectionSettings):
 
 
 def parse_broker(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, 1883
+    """``host:port``, ``[v6]:port``, ``host``, a bare IPv6 address (port 1883 when none)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"broker {text!r}: expected [IPv6 address]:port")
+        port = rest[1:] if rest else "1883"
+    elif text.count(":") > 1:
+        host, port = text, "1883"  # a bare IPv6 address: every colon is the address's
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"broker {text!r}: not an IPv6 address; write [address]:port for a port"
+            ) from None
+    else:
+        host, sep, port = text.partition(":")
+        if not sep:
+            port = "1883"
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"broker {text!r}: expected host:port with a port in 1..65535")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host or "127.0.0.1", int(port)

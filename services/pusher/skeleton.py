@@ -63,15 +63,19 @@ publishing.
 
 from __future__ import annotations
 
-import numpy as np
-from pydantic import Field
+from array import array
 
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.common.schema import Field
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor, Values
 
 
 class {cls}Config(PluginConfig):
-    """The plugin's YAML section (besides interval, delta, factor, ... which every plugin has)."""
+    """The plugin's YAML section (besides interval, delta, factor, ... which every plugin has).
+
+    Declared like a pydantic model (annotations, ``Field`` bounds, ``field_validator``
+    from ``services.common.schema``), validated without pydantic: a pusher on a compute
+    node stays small.
+    """
 
     sensors: int = Field(2, ge=1, le=1000)
     """How many sensors (replace with what your source needs: a host, a path, ...)."""
@@ -89,9 +93,10 @@ class {cls}Group(Group):
         super().__init__(name, sensors, options)
         self.offset = offset
 
-    def read(self, timestamp_ns: int) -> Float64Array:
-        """One value per sensor, in ``self.sensors`` order (NaN = no reading)."""
-        return self.offset + np.arange(len(self.sensors), dtype=np.float64)
+    def read(self, timestamp_ns: int) -> Values:
+        """One value per sensor, in ``self.sensors`` order (NaN = no reading): an
+        ``array('d')``, a list of floats or a numpy array."""
+        return array("d", [self.offset + i for i in range(len(self.sensors))])
 
 
 class {cls}Plugin(Plugin):
@@ -117,11 +122,10 @@ import asyncio
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from kelvin_plugin_{name}.plugin import {cls}Plugin
+from services.common.schema import ValidationError
 from services.pusher.plugins.base import PluginContext
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,8 +147,7 @@ def test_builds_sensors_and_reads_one_value_each() -> None:
     (group,) = build({{"sensors": 3, "offset": 10, "interval": 500}})
     assert [s.name for s in group.sensors] == [f"/node0/{name}/value{{i}}" for i in range(3)]
     assert group.options.interval_ms == 500
-    values = group.read(0)
-    assert values.shape == (3,) and np.array_equal(values, [10.0, 11.0, 12.0])
+    assert list(group.read(0)) == [10.0, 11.0, 12.0]
 
 
 def test_bad_configuration_is_refused() -> None:

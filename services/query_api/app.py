@@ -14,13 +14,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.common.auth_settings import ServiceAuth, service_auth
 from services.common.errors import (
     KelvinError,
     RetryableStorageError,
     SensorNameError,
     TimeSpecError,
 )
-from services.common.http import HttpService, health_router, install_error_handlers
+from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
 from services.common.settings import Config
@@ -28,6 +29,7 @@ from services.common.storage import StorageBackend, create_storage
 from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import READY, ApiContext
+from services.query_api.limits import HeavyQueryGate
 from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn
@@ -42,7 +44,7 @@ def _reason(exc: KelvinError) -> str:
     from services.query_api.spec import SpecError
     from services.query_api.units import UnitError
     from services.query_api.virtual.define import DefinitionError
-    from services.query_api.virtual.parser import ExpressionError
+    from services.query_api.virtual.parser import ExpressionError, ExpressionTooDeep
 
     reasons: list[tuple[type[Exception], str]] = [
         (TimeSpecError, "bad_time"),
@@ -50,6 +52,7 @@ def _reason(exc: KelvinError) -> str:
         (SpecError, "bad_spec"),
         (UnitError, "bad_unit"),
         (QueryError, "bad_query"),
+        (ExpressionTooDeep, "too_deep"),
         (ExpressionError, "bad_expression"),
         (DefinitionError, "bad_definition"),
     ]
@@ -66,9 +69,15 @@ def install_handlers(app: FastAPI, ctx: ApiContext) -> None:
 
 
 def create_app(
-    settings: Settings, metrics: ServiceMetrics, ctx: ApiContext | None = None
+    settings: Settings,
+    metrics: ServiceMetrics,
+    ctx: ApiContext | None = None,
+    auth: ServiceAuth | None = None,
 ) -> FastAPI:
-    """The ASGI app; ``ctx`` carries the storage (attached later by the service)."""
+    """The ASGI app; ``ctx`` carries the storage (attached later by the service).
+
+    Without ``auth`` every route that needs a role refuses (nothing is open by accident).
+    """
     ctx = ctx or ApiContext(settings, metrics)
     app = FastAPI(
         title="Kelvin query API",
@@ -77,6 +86,16 @@ def create_app(
         "Grafana JSON data source (/grafana) and a read-only Prometheus API (/prometheus).",
     )
     app.state.ctx = ctx
+    app.add_middleware(
+        HeavyQueryGate,
+        max_heavy=settings.max_heavy_queries,
+        wait_s=settings.heavy_query_wait_s,
+        memory_bytes=settings.response_memory_bytes,
+        refused=ctx.metrics.refused,
+        spilled=ctx.metrics.spilled,
+    )
+    if auth is not None:
+        install_auth(app, auth, metrics)
     install_handlers(app, ctx)
 
     def ready() -> tuple[bool, str]:
@@ -105,9 +124,14 @@ class QueryApiService(HttpService):
     """Opens storage before serving; closes it after the HTTP server stopped."""
 
     def __init__(
-        self, settings: Settings, storage_settings: StorageSettings, profile: str = "run"
+        self,
+        settings: Settings,
+        storage_settings: StorageSettings,
+        profile: str = "run",
+        auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
         self.wanted_virtual = dict(settings.virtual_sensors)
         if profile == "demo":
             self.wanted_virtual = {**DEMO_VIRTUAL_SENSORS, **self.wanted_virtual}
@@ -115,13 +139,14 @@ class QueryApiService(HttpService):
         """Defines ``virtual_sensors`` (and the demo's); done once all of them exist."""
         self.storage_settings = storage_settings
         self.metrics = ServiceMetrics("query_api")
-        self.ctx = ApiContext(settings, self.metrics)
+        self.ctx = ApiContext(settings, self.metrics, auth=auth)
         super().__init__(
             "query-api",
-            create_app(settings, self.metrics, self.ctx),
+            create_app(settings, self.metrics, self.ctx, auth),
             settings.host,
             settings.port,
             "--query-api-port",
+            metrics=self.metrics,
         )
         self.storage: StorageBackend | None = None
         self.watcher: asyncio.Task[None] | None = None
@@ -227,4 +252,6 @@ def _differs(old: dict[str, Any], spec: VirtualIn) -> bool:
 
 
 def create_service(config: Config) -> QueryApiService:
-    return QueryApiService(config.load(Settings), config.load(StorageSettings), config.profile)
+    settings = config.load(Settings)
+    auth = service_auth(config, settings.host, "query API")
+    return QueryApiService(settings, config.load(StorageSettings), config.profile, auth)

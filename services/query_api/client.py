@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from services.common.auth import Role, local_token
 from services.common.errors import KelvinError, NotFoundError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -30,7 +31,9 @@ class Client:
         self, url: str | None = None, token: str | None = None, timeout_s: float = 300.0
     ) -> None:
         self.url = (url or default_url()).rstrip("/")
+        # A local `kelvin up`'s generated admin token serves when none is given.
         token = token if token is not None else os.environ.get(TOKEN_ENV)
+        token = token or local_token(Role.ADMIN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
@@ -53,7 +56,7 @@ class Client:
             detail = resp.text
         if resp.status_code == 404:
             raise NotFoundError(str(detail))
-        if resp.status_code == 401:
+        if resp.status_code in (401, 403):
             raise ApiError(f"{self.url}: {detail} (pass --token or set {TOKEN_ENV})")
         raise ApiError(f"{self.url}: HTTP {resp.status_code}: {detail}")
 

@@ -6,12 +6,17 @@ app exists, so routes reach it through :class:`ApiContext` at request time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from services.common.errors import RetryableStorageError
 from services.common.metrics import ServiceMetrics
 from services.common.storage.base import StorageBackend
 from services.query_api.catalog import Catalog
 from services.query_api.query import Reader, VirtualSource
 from services.query_api.settings import Settings
+
+if TYPE_CHECKING:
+    from services.common.auth_settings import ServiceAuth
 
 READY = (True, "ready, storage answers")
 
@@ -28,6 +33,15 @@ class ApiMetrics:
             "rejects_total", "Requests refused as bad input, by reason", ["reason"]
         )
         self.points = metrics.counter("points_served_total", "Readings sent in responses")
+        self.spilled = metrics.counter(
+            "answers_spilled_total",
+            "Streamed answers whose held part went to a temporary file (response_memory_bytes)",
+        )
+        self.refused = metrics.counter(
+            "queries_refused_total",
+            "Data queries refused because max_heavy_queries were running already",
+            ["reason"],
+        )
         self.virtual_computed = metrics.counter(
             "virtual_points_computed_total", "Virtual-sensor points computed from inputs"
         )
@@ -50,8 +64,11 @@ class ApiContext:
         settings: Settings,
         metrics: ServiceMetrics,
         storage: StorageBackend | None = None,
+        auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
+        """Credentials of this service (its own read token calls the allocator and agent)."""
         self.metrics = ApiMetrics(metrics)
         self._storage: StorageBackend | None = None
         self._catalog: Catalog | None = None

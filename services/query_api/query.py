@@ -14,7 +14,7 @@ import numpy as np
 from services.common.errors import KelvinError, NotFoundError
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.storage.base import StorageBackend
-from services.query_api import operations, units
+from services.query_api import limits, operations, units
 from services.query_api.catalog import Catalog
 from services.query_api.spec import TRANSFORMS, Modifier, Spec
 
@@ -55,11 +55,17 @@ class Reader:
         self.storage, self.catalog, self.virtual = storage, catalog, virtual
         self.max_points = max_points
 
-    async def series(self, name: str, start_ns: int, end_ns: int) -> Series:
-        """Readings of a stored or virtual sensor in ``[start_ns, end_ns)``."""
+    async def series(self, name: str, start_ns: int, end_ns: int, streamed: bool = False) -> Series:
+        """Readings of a stored or virtual sensor in ``[start_ns, end_ns)``, charged to the
+        request's memory budget unless ``streamed`` (a slice let go once sent)."""
         if self.virtual is not None and await self.catalog.virtual(name) is not None:
-            return await self.virtual.evaluate(name, start_ns, end_ns)
-        return await self.storage.read(name, start_ns, end_ns)
+            series = await self.virtual.evaluate(name, start_ns, end_ns)
+            if not streamed:
+                limits.charge(len(series), name)
+            return series
+        if streamed:
+            return await self.storage.read(name, start_ns, end_ns)
+        return await limits.read_within(self.storage, name, start_ns, end_ns)
 
     async def resolve(self, spec: Spec) -> list[str]:
         """The sensors a specification names; NotFoundError when there are none."""

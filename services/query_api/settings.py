@@ -27,11 +27,6 @@ class Settings(SectionSettings):
     """Allocator API (hall view of the console)."""
     collect_agent_url: str = "http://127.0.0.1:8081"
     """Collect agent API (ingest health in the console)."""
-    token: str | None = None
-    """Bearer token required to change anything (define or delete sensors, import
-    readings, set metadata). None leaves changes open: set it in production."""
-    protect_reads: bool = False
-    """Also require the token for every read (readings, hierarchy, Grafana, Prometheus API)."""
     default_range_s: float = Field(3600.0, gt=0)
     """Range read when a request names no start: ``now - default_range_s`` to now."""
     stream_chunk_points: int = Field(65_536, ge=1024)
@@ -41,6 +36,15 @@ class Settings(SectionSettings):
     previous one is sent (see services/query_api/stream.py)."""
     max_points: int = Field(50_000_000, ge=1)
     """Largest number of readings (or virtual grid points) one request may produce."""
+    max_heavy_queries: int = Field(2, ge=1)
+    """Data queries (readings, Grafana, Prometheus) running at once; more wait up to
+    ``heavy_query_wait_s`` for a slot, then get 503 with Retry-After."""
+    heavy_query_wait_s: float = Field(5.0, ge=0)
+    """How long a data query waits for a free slot before it is refused."""
+    response_memory_bytes: int = Field(512 << 20, ge=1 << 20)
+    """Memory one data query's answer may hold (32 bytes per reading held); a larger
+    answer is a 400 over_budget, stopped before it is read. A plain sensor's readings are
+    streamed in slices and spill to a temporary file instead."""
     import_max_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     """Largest CSV body ``POST /api/v1/import`` accepts (``kelvin csvimport`` sends chunks)."""
     virtual_gap_factor: float = Field(3.0, ge=1.0)

@@ -19,7 +19,8 @@ import numpy as np
 import orjson
 
 from services.common.readings import Series
-from services.query_api import csvfast
+from services.query_api import csvfast, limits
+from services.query_api.limits import Held
 from services.query_api.query import Reader, Result, apply
 from services.query_api.spec import Spec
 
@@ -38,13 +39,29 @@ def is_plain(spec: Spec) -> bool:
 async def pieces(
     reader: Reader, spec: Spec, start_ns: int, end_ns: int, count: int
 ) -> AsyncIterator[Result]:
-    """The answer for a plain ``spec`` slice by slice, reading ``READ_AHEAD`` slices ahead."""
+    """The answer for a plain ``spec`` slice by slice, reading ``READ_AHEAD`` slices ahead.
+
+    Under a memory budget a long range is probed first and cut into as many slices as
+    keep each within it (services/query_api/limits.py).
+    """
     unit = await reader.catalog.unit(spec.sensor) or ""
+    origin = start_ns
+    probe = limits.probe_end(start_ns, end_ns, READ_AHEAD)
+    if probe is not None:
+        first = await reader.series(spec.sensor, start_ns, probe, streamed=True)
+        count = limits.stream_slices(
+            len(first), probe - start_ns, end_ns - probe, count, READ_AHEAD
+        )
+        yield apply(spec, spec.sensor, unit, first, origin, None, "avg")
+        del first
+        start_ns = probe
     bounds = np.unique(np.linspace(start_ns, end_ns, count + 1).astype(np.int64)).tolist()
     bounds[0], bounds[-1] = start_ns, end_ns
 
     def read(i: int) -> asyncio.Future[Series]:
-        return asyncio.ensure_future(reader.series(spec.sensor, bounds[i], bounds[i + 1]))
+        return asyncio.ensure_future(
+            reader.series(spec.sensor, bounds[i], bounds[i + 1], streamed=True)
+        )
 
     slices = len(bounds) - 1
     ahead = deque(read(i) for i in range(min(READ_AHEAD, slices)))
@@ -56,7 +73,7 @@ async def pieces(
                 # let the read reach its storage thread before this slice is encoded,
                 # which holds the event loop: else nothing overlaps
                 await asyncio.sleep(0)
-            yield apply(spec, spec.sensor, unit, raw, start_ns, None, "avg")
+            yield apply(spec, spec.sensor, unit, raw, origin, None, "avg")
     finally:
         for fut in ahead:
             fut.cancel()
@@ -78,7 +95,7 @@ async def json_body(
         "end_ns": end_ns,
     }
     yield orjson.dumps(meta)[:-1] + b',"timestamps_ns":['
-    values: list[memoryview] = []
+    values = Held()  # bounded: beyond the request's budget they wait in a temporary file
     count = 0
     loop = asyncio.get_running_loop()
     async for part in parts:
@@ -88,14 +105,13 @@ async def json_body(
             yield b","
         ts_body, vs_body = await loop.run_in_executor(None, _json_numbers, part)
         yield ts_body
+        if count:
+            await values.add(b",")
+        await values.add(vs_body)
         count += len(part)
-        values.append(vs_body)
     yield b'],"values":['
-    for i, body in enumerate(values):
-        if i:
-            yield b","
+    async for body in values.drain():
         yield body
-        values[i] = memoryview(b"")  # sent: let it go
     yield b'],"count":' + str(count).encode() + b"}"
 
 

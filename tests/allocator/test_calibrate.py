@@ -22,11 +22,13 @@ from services.allocator.calibrate import (
 )
 from services.allocator.closed_loop import sensor_names
 from services.cli import main as kelvin
+from services.common.auth import Role
 from services.common.readings import Batch
 from services.common.settings import Config
 from services.common.thermal import Float64Array, reference_hall
 from services.query_api.app import QueryApiService
 from services.query_api.app import create_service as create_query_api
+from tests.support.auth import TOKENS, with_auth
 from tests.support.servers import free_port
 
 STEP_S = 30.0
@@ -126,10 +128,12 @@ def test_standard_errors_estimate_the_error_without_the_true_d() -> None:
 async def _query_api_with(tmp_path: Path, series: dict[str, tuple[Any, Any]]) -> QueryApiService:
     """A real query API over a fresh SQLite file holding ``series`` (name -> (ns, values))."""
     cfg = Config(
-        overrides={
-            "query_api": {"host": "127.0.0.1", "port": 0},
-            "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-        }
+        overrides=with_auth(
+            {
+                "query_api": {"host": "127.0.0.1", "port": 0},
+                "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+            }
+        )
     )
     svc = create_query_api(cfg)
     await svc.start()
@@ -149,7 +153,7 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
     series = {n: (ts, samples.powers_w[:, i]) for i, n in enumerate(names["power"])}
     series |= {n: (ts, samples.inlet_c[:, i]) for i, n in enumerate(names["inlet_temp"])}
     query = await _query_api_with(tmp_path, series)
-    cfg = Config()
+    cfg = Config(overrides=with_auth({}))
     for key, value in {
         "host": "127.0.0.1",
         "port": 0,
@@ -178,6 +182,8 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
             "--allocator-url",
             f"http://127.0.0.1:{allocator.port}",
             "--json",
+            "--token",
+            TOKENS[Role.ADMIN],
         ]
         out = tmp_path / "report.json"
 

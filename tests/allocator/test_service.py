@@ -21,15 +21,17 @@ from services.allocator.jobs import Job
 from services.allocator.model import HallModel
 from services.allocator.state import HallState
 from services.common import codec
+from services.common.auth import Role
 from services.common.errors import ConfigError
 from services.common.halls.hallfile import save_hall
 from services.common.settings import Config
 from services.common.thermal import reference_hall
+from tests.support.auth import headers, with_auth
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
 
 
 def _config(state_dir: Path, broker_port: int, profile: str = "run", **allocator: Any) -> Config:
-    cfg = Config()
+    cfg = Config(overrides=with_auth({}))
     cfg.profile = profile
     values = {
         "host": "127.0.0.1",
@@ -49,7 +51,9 @@ class Running:
 
     def __init__(self, svc: AllocatorService) -> None:
         self.svc = svc
-        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=10)
+        self.http = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{svc.port}", timeout=10, headers=headers(Role.ADMIN)
+        )
 
     async def event(self, match: Callable[[str, Job], bool], within_s: float = 10.0) -> Job:
         loop = asyncio.get_running_loop()
@@ -414,15 +418,19 @@ async def test_bad_requests_are_precise_and_counted(service: Running) -> None:
     assert (await service.http.get("/api/v1/jobs")).json()["jobs"] == []
 
 
-async def test_mutations_need_the_token_when_one_is_set(tmp_path: Path) -> None:
-    running = await _start(_config(tmp_path / "s", free_port(), api_token="s3cret"))
+async def test_jobs_and_configuration_need_the_admin_token(tmp_path: Path) -> None:
+    running = await _start(_config(tmp_path / "s", free_port()))
     try:
-        assert (await running.http.post("/api/v1/jobs", json={"size": 1})).status_code == 401
-        ok = await running.http.post(
-            "/api/v1/jobs", json={"size": 1}, headers={"Authorization": "Bearer s3cret"}
-        )
-        assert ok.status_code == 201
-        assert (await running.http.get("/api/v1/hall")).status_code == 200
+        anonymous = {"Authorization": ""}
+        job = {"size": 1}
+        assert (
+            await running.http.post("/api/v1/jobs", json=job, headers=anonymous)
+        ).status_code == 401
+        # a pusher's write token places no job: through the bridge it would be a Slurm placement
+        low = await running.http.post("/api/v1/jobs", json=job, headers=headers(Role.WRITE))
+        assert low.status_code == 403
+        assert (await running.http.post("/api/v1/jobs", json=job)).status_code == 201
+        assert (await running.http.get("/api/v1/hall", headers=anonymous)).status_code == 200
     finally:
         await running.stop()
 

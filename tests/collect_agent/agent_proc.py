@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.auth import AUTH_SECTION
 from tests.support.servers import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,7 @@ class AgentProcess:
                 {
                     "collect_agent": self.settings,
                     "storage": self.storage or {"sqlite": {"path": str(self.sqlite)}},
+                    "auth": AUTH_SECTION,
                 }
             )
         )

@@ -10,6 +10,7 @@ import pytest
 
 from services.collect_agent.app import CollectAgent, create_service
 from services.common.settings import Config
+from tests.support.auth import with_auth
 from tests.support.influxdb import InfluxDB
 
 AgentFactory = Callable[..., Awaitable[CollectAgent]]
@@ -25,10 +26,12 @@ def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settin
     }
     base.update(settings)
     return Config(
-        overrides={
-            "collect_agent": base,
-            "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-        }
+        overrides=with_auth(
+            {
+                "collect_agent": base,
+                "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+            }
+        )
     )
 
 

@@ -23,8 +23,10 @@ import httpx
 import pytest
 
 from services.common import codec
+from services.common.auth import Role
 from services.common.storage import StorageSettings, open_storage
 from tests.collect_agent.agent_proc import AgentProcess
+from tests.support.auth import headers
 from tests.support.influxdb import InfluxDB
 
 pytestmark = pytest.mark.slow
@@ -73,7 +75,7 @@ async def until_draining(proc: AgentProcess) -> None:
                 break
             assert time.monotonic() < deadline, r.text
             await asyncio.sleep(0.02)
-        w = await http.post("/write", content=f"late v=1 {TS0}")
+        w = await http.post("/write", content=f"late v=1 {TS0}", headers=headers(Role.WRITE))
         assert w.status_code == 503 and w.headers["retry-after"], w.text
         assert "shutting down" in w.json()["error"]
 

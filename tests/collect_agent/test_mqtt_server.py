@@ -74,6 +74,26 @@ async def test_scale_from_metadata_applies_to_dcdb_integers(agent: CollectAgent)
     assert meta is not None and meta.scale == 0.001 and meta.unit == "W"
 
 
+async def test_a_nan_or_infinite_scale_is_refused_and_counted(agent: CollectAgent) -> None:
+    assert agent.mqtt_port
+    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        await client.publish("/DCDB_MAP/METADATA//n/power", json.dumps({"scale": "0.5"}), qos=1)
+        for bad in (
+            '{"scale": "NaN"}',
+            '{"scale": NaN}',
+            '{"scale": "Infinity"}',
+            '{"scale": -1e999}',
+        ):
+            await client.publish("/DCDB_MAP/METADATA//n/power", bad, qos=1)
+        await client.publish("/n/power", codec.encode_dcdb([10, 20], [TS0, TS0 + 1]), qos=1)
+    # the readings after the refused announcements keep the last good scale
+    assert await stored(agent, "/n/power") == ([TS0, TS0 + 1], [5.0, 10.0])
+    assert agent.ingestor.rejected.get("non_finite") == 4
+    assert agent.storage is not None
+    meta = await agent.storage.get_metadata("/n/power")
+    assert meta is not None and meta.scale == 0.5
+
+
 async def test_public_name_and_job_records_are_stored(agent: CollectAgent) -> None:
     assert agent.mqtt_port
     job = {"jobid": "42", "userid": "alice", "starttime": TS0, "endtime": 0, "nodes": ["n1"]}

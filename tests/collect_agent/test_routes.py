@@ -10,15 +10,19 @@ import httpx
 
 from services.collect_agent.app import CollectAgent
 from services.common import codec
+from services.common.auth import Role
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
+from tests.support.auth import TOKENS, headers
 
 TS0 = 1_764_500_000_000_000_000
 
 
-def http(agent: CollectAgent, token: str | None = None) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.port}", headers=headers)
+def http(agent: CollectAgent, role: Role | None = Role.ADMIN) -> httpx.AsyncClient:
+    """A client holding ``role``'s token (None: no credential)."""
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{agent.port}", headers=headers(role) if role else {}
+    )
 
 
 async def test_ping_answers_like_influxdb(agent: CollectAgent) -> None:
@@ -96,36 +100,31 @@ async def test_oversized_body_is_413_and_a_bad_gzip_body_400_both_counted(
     assert agent.ingestor.rejected == {"too_large": 2, "bad_gzip": 1}
 
 
-async def test_token_guards_write_and_admin_in_every_telegraf_form(
-    make_agent: AgentFactory,
-) -> None:
-    agent = await make_agent(api_token="s3cret")
+async def test_write_takes_the_write_token_in_every_telegraf_form(agent: CollectAgent) -> None:
     body = "m v=1 1764500000000000000"
-    async with http(agent) as c:
+    tok = TOKENS[Role.WRITE]
+    async with http(agent, None) as c:
         assert (await c.post("/write", content=body)).status_code == 401
-        assert (
-            await c.post("/write", content=body, headers={"Authorization": "Bearer nope"})
-        ).status_code == 401
-        assert (
-            await c.post("/write", content=body, headers={"Authorization": "Bearer s3cret"})
-        ).status_code == 204
-        assert (
-            await c.post("/write", content=body, headers={"Authorization": "Token s3cret"})
-        ).status_code == 204
-        basic = base64.b64encode(b"telegraf:s3cret").decode()
-        assert (
-            await c.post("/write", content=body, headers={"Authorization": f"Basic {basic}"})
-        ).status_code == 204
-        assert (
-            await c.post("/write", content=body, params={"u": "x", "p": "s3cret"})
-        ).status_code == 204
+        wrong = {"Authorization": "Bearer not-a-token-of-this-agent"}
+        assert (await c.post("/write", content=body, headers=wrong)).status_code == 401
+        # a read token (Grafana's) may not write
+        assert (await c.post("/write", content=body, headers=headers(Role.READ))).status_code == 403
+        for auth in (f"Bearer {tok}", f"Token {tok}"):
+            r = await c.post("/write", content=body, headers={"Authorization": auth})
+            assert r.status_code == 204, auth
+        basic = base64.b64encode(f"telegraf:{tok}".encode()).decode()
+        r = await c.post("/write", content=body, headers={"Authorization": f"Basic {basic}"})
+        assert r.status_code == 204
+        r = await c.post("/write", content=body, params={"u": "x", "p": tok})
+        assert r.status_code == 204
+        # reads are open on loopback
+        assert (await c.get("/api/v1/stats")).status_code == 200
+    async with http(agent, Role.WRITE) as c:  # a pusher's token: ingest only
         assert (
             await c.delete("/api/v1/cache", params={"sensor": "/influx/m/v"})
-        ).status_code == 401
-        assert (await c.delete("/api/v1/hosts/nobody")).status_code == 401
-        # reads need no token
-        assert (await c.get("/api/v1/stats")).status_code == 200
-    async with http(agent, "s3cret") as c:
+        ).status_code == 403
+        assert (await c.delete("/api/v1/hosts/nobody")).status_code == 403
+    async with http(agent, Role.ADMIN) as c:
         assert (await c.delete("/api/v1/hosts/nobody")).status_code == 404
         assert (
             await c.delete("/api/v1/cache", params={"sensor": "/influx/m/v"})

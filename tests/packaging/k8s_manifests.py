@@ -25,7 +25,10 @@ HEADER = (
     "# chart, not this file (a test compares the two).\n"
 )
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
-DEV_VALUES = {"influxdb": {"enabled": True, "persistence": {"enabled": False}}}
+PLAIN_VALUES: dict[str, Any] = {"auth": {"existingSecret": RELEASE}}
+"""Without Helm nothing can generate and keep tokens: the workloads read them from the
+Secret `kelvin` the site creates (k8s/base/kustomization.yaml says how)."""
+DEV_VALUES = {**PLAIN_VALUES, "influxdb": {"enabled": True, "persistence": {"enabled": False}}}
 
 
 def _strip_labels(meta: Obj) -> None:
@@ -69,7 +72,7 @@ def _render(chart: Any, values: Obj) -> Rendered:
 def generate() -> dict[Path, str]:
     """Generated file -> content."""
     with helm.Chart.load(CHART_DIR) as chart:
-        base = _render(chart, {})
+        base = _render(chart, PLAIN_VALUES)
         dev = _render(chart, DEV_VALUES)
     files: dict[Path, str] = {}
     by_file: dict[str, list[Obj]] = {}

@@ -216,7 +216,7 @@ def test_pusher_options_render(everything: Rendered) -> None:
 
 def test_features_needing_cluster_resources_are_off_by_default(default: Rendered) -> None:
     kinds = {o["kind"] for o in default.objects}
-    for kind in ("Ingress", "HorizontalPodAutoscaler", "NetworkPolicy", "Job"):
+    for kind in ("Ingress", "HorizontalPodAutoscaler", "Job"):
         assert kind not in kinds, f"{kind} rendered by default"
     assert not default.of_kind("ServiceMonitor", "PodMonitor")
     # Persisted by default: the allocator's placements and the collect agents' spools

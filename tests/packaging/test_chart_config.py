@@ -22,6 +22,8 @@ import pytest
 from pydantic import BaseModel
 
 from services.cli import SECTIONS
+from services.common.auth import Role, hashed
+from services.common.auth_settings import AuthSettings
 from services.common.settings import Config, LoggingSettings, SectionSettings
 from services.common.storage.settings import StorageSettings
 from tests.packaging.chart import COMPONENTS, Obj, Rendered, containers
@@ -34,6 +36,11 @@ EXISTING_SECRETS = {
         "publisher-password": "publisher-pw",
     },
     "kelvin-influxdb": {"influxdb-token": "influx-token-from-secret"},
+    "kelvin-tokens": {
+        "read-token": "site-read-token-0123456789",
+        "write-token": "site-write-token-012345678",
+        "admin-token": "site-admin-token-012345678",
+    },
     "influx-compute": {"token": "compute-token"},
 }
 """Secrets the ci/ values files name as existingSecret, as a site would create them."""
@@ -44,7 +51,7 @@ STORAGE_USERS = {"collect-agent", "query-api"}
 
 def settings_classes(component: str) -> list[type[SectionSettings]]:
     own: type[SectionSettings] = importlib.import_module(SERVICE_SETTINGS[component]).Settings
-    classes: list[type[SectionSettings]] = [own, LoggingSettings]
+    classes: list[type[SectionSettings]] = [own, LoggingSettings, AuthSettings]
     if component in STORAGE_USERS:
         classes.append(StorageSettings)
     return classes
@@ -53,7 +60,10 @@ def settings_classes(component: str) -> list[type[SectionSettings]]:
 def container_env(rendered: Rendered, container: Obj) -> dict[str, str]:
     """The environment the kubelet would give `container`."""
     chart_secrets = {
-        s["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in s["data"].items()}
+        s["metadata"]["name"]: {
+            **{k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()},
+            **s.get("stringData", {}),
+        }
         for s in rendered.of_kind("Secret")
     }
     store = {**EXISTING_SECRETS, **chart_secrets}
@@ -189,7 +199,7 @@ def _is_model(annotation: Any) -> bool:
 def test_no_secret_lands_in_the_configmap(rendered: Rendered) -> None:
     text = rendered.config_yaml()
     for secret in rendered.of_kind("Secret"):
-        for key, encoded in secret["data"].items():
+        for key, encoded in secret.get("data", {}).items():
             value = base64.b64decode(encoded).decode()
             if key.endswith("-users"):
                 values = list(json.loads(value).values())
@@ -212,7 +222,6 @@ def test_default_install_wires_the_services_together(
     assert pusher.allocator_url == "http://kelvin-allocator:8083"
     query = load_settings(default, "query-api", tmp_path, monkeypatch)
     assert query["query_api"].collect_agent_url == f"http://{agent}:8081"
-    assert query["query_api"].token is None
     assert query["storage"].backend == "influxdb"
     assert query["storage"].influxdb.url == "http://influxdb:8086"
     allocator = load_settings(default, "allocator", tmp_path, monkeypatch)["allocator"]
@@ -233,29 +242,28 @@ def test_everything_reaches_the_services(
     everything: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     query = load_settings(everything, "query-api", tmp_path, monkeypatch)
-    assert query["query_api"].token == "query-token"
-    assert query["query_api"].protect_reads is True
+    assert query["auth"].allowed_origins == ["https://grafana.example.org"]
+    assert {"kelvin.hpc.example.org", ".internal.example.org"} <= set(query["auth"].allowed_hosts)
     influx = query["storage"].influxdb
     assert influx.url == "http://kelvin-influxdb:8086"
     assert (influx.username, influx.password, influx.token) == ("kelvin", "influx-password", None)
     assert influx.retention_policy == "two_years"
     assert query["logging"].level == "INFO", "`config` is merged over the values"
     agent = load_settings(everything, "collect-agent", tmp_path, monkeypatch)["collect_agent"]
-    assert agent.api_token == "agent-token"
     assert agent.mqtt_users == {"pusher": "pusher-password", "dcdb": "dcdb-password"}
     assert agent.cache_window_s == 1800
     (c,) = everything.workload("collect-agent")["spec"]["template"]["spec"]["containers"]
     tls_dir = str(Path(str(agent.mqtt_tls_cert)).parent)
     assert tls_dir in {m["mountPath"] for m in c["volumeMounts"]}
     pusher = load_settings(everything, "pusher", tmp_path, monkeypatch)["pusher"]
-    assert pusher.token == "pusher-token" and pusher.auth_reads is True
+    assert pusher.auth_reads is True
     assert (pusher.mqtt_username, pusher.mqtt_password) == ("pusher", "pusher-password")
     assert pusher.prefix == "/hpc/node-spec.nodeName" and pusher.format == "dcdb"
     assert pusher.plugins is not None
     assert pusher.plugins["sysfs"] == {"root": "/host/sys", "hwmon": False, "rapl": True}
     assert pusher.plugins["rack-temperatures"]["rapl"] is False, "an explicit rapl wins"
     allocator = load_settings(everything, "allocator", tmp_path, monkeypatch)["allocator"]
-    assert allocator.api_token == "allocator-token" and allocator.min_mttf_years == 5
+    assert allocator.min_mttf_years == 5
     assert (allocator.mqtt_username, allocator.mqtt_password) == ("pusher", "pusher-password")
     (c,) = everything.workload("allocator")["spec"]["template"]["spec"]["containers"]
     assert str(allocator.hall_file) == "/etc/kelvin-hall/hall.yaml"
@@ -263,9 +271,54 @@ def test_everything_reaches_the_services(
     volumes = everything.workload("allocator")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "hall", "configMap": {"name": "kelvin-hall"}} in volumes
     assert influx.retention_duration == "104w"
-    test_pod = everything.get("Pod", "kelvin-test-query-api")
-    env = container_env(everything, test_pod["spec"]["containers"][0])
-    assert env["KELVIN_QUERY_API_TOKEN"] == "query-token", "helm test must pass protected reads"
+
+
+def _chart_tokens(rendered: Rendered) -> dict[Role, str]:
+    data = rendered.get("Secret", "kelvin")["data"]
+    return {r: base64.b64decode(data[f"{r.value}-token"]).decode() for r in Role}
+
+
+def test_generated_tokens_reach_every_service_as_it_needs_them(
+    default: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each service checks all three roles; only what it sends is in plain, the rest are
+    sha256 verifiers (a pusher on a compute node never holds the admin token)."""
+    tokens = _chart_tokens(default)
+    assert len(set(tokens.values())) == 3 and all(len(t) >= 40 for t in tokens.values())
+    sends = {
+        "query-api": {Role.READ},
+        "allocator": {Role.READ},
+        "collect-agent": set(),
+        "pusher": set(),
+    }
+    for component, plain in sends.items():
+        auth = load_settings(default, component, tmp_path, monkeypatch)["auth"]
+        assert auth.mode == "token" and auth.open_reads is False, component
+        for role in Role:
+            given = getattr(auth, f"{role.value}_token")
+            want = tokens[role] if role in plain else hashed(tokens[role])
+            assert given == want, (component, role)
+        creds = auth.to_config()
+        assert creds.allowed_hosts is not None and f"kelvin-{component}" in creds.allowed_hosts
+    test_pod = default.get("Pod", "kelvin-test-query-api")
+    env = container_env(default, test_pod["spec"]["containers"][0])
+    assert env["KELVIN_AUTH_READ_TOKEN"] == tokens[Role.READ], "helm test reads with the token"
+    assert "KELVIN_AUTH_ADMIN_TOKEN" not in env
+
+
+def test_an_existing_secret_gives_every_service_its_tokens(
+    chart_values: dict[str, Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rendered = chart_values["external-broker"]
+    site = EXISTING_SECRETS["kelvin-tokens"]
+    assert not [s for s in rendered.of_kind("Secret") if "read-token" in s.get("data", {})]
+    for component in COMPONENTS:
+        auth = load_settings(rendered, component, tmp_path, monkeypatch)["auth"]
+        assert (auth.read_token, auth.write_token, auth.admin_token) == (
+            site["read-token"],
+            site["write-token"],
+            site["admin-token"],
+        ), component
 
 
 def test_external_broker_mode(

@@ -75,11 +75,13 @@ def _container_facts(c: Obj) -> dict[str, Any]:
 
 
 def test_base_is_the_charts_default_install(base: list[Obj], default: Rendered) -> None:
-    """Same objects, images, ports, probes, env names, mounts and selectors as `helm install`."""
+    """Same objects, images, ports, probes, env names, mounts and selectors as `helm install`
+    (but the Secrets: the site creates the tokens' Secret, k8s/base/kustomization.yaml)."""
     chart = {
         k: o
         for k, o in _by_key(default.own).items()
         if not default.is_hook(o)
+        and o["kind"] != "Secret"
         and o["metadata"]["labels"].get("app.kubernetes.io/component") != "dashboards"
     }
     plain = _by_key(base)
@@ -104,6 +106,23 @@ def test_base_is_the_charts_default_install(base: list[Obj], default: Rendered) 
             ], key
             config = next(v for v in a["volumes"] if v["name"] == "config")["configMap"]["name"]
             assert HASH_SUFFIX.search(config), "pods must use the hashed ConfigMap name"
+
+
+def test_workloads_read_the_tokens_from_the_sites_secret(base: list[Obj]) -> None:
+    text = (ROOT / "k8s" / "base" / "kustomization.yaml").read_text()
+    for key in ("read-token", "write-token", "admin-token"):
+        assert f"--from-literal={key}=" in text, f"kustomization.yaml must say how to create {key}"
+    for obj in base:
+        if obj["kind"] not in WORKLOAD_KINDS:
+            continue
+        for c in containers(obj["spec"]["template"]["spec"]):
+            refs = {
+                e["name"]: e["valueFrom"]["secretKeyRef"]
+                for e in c.get("env", [])
+                if e["name"].startswith("KELVIN_AUTH_")
+            }
+            assert set(refs) == {f"KELVIN_AUTH_{r}_TOKEN" for r in ("READ", "WRITE", "ADMIN")}
+            assert {r["name"] for r in refs.values()} == {"kelvin"}, obj["metadata"]["name"]
 
 
 def test_dev_overlay(dev: list[Obj]) -> None:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import pytest
@@ -24,6 +24,9 @@ from services.pusher.config import plugin_type, validate_section
 from services.pusher.plugins import registry
 from services.pusher.plugins.base import Group, Plugin, PluginContext
 from tests.support.servers import Mosquitto
+
+if TYPE_CHECKING:
+    from services.collect_agent.app import CollectAgent
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pusher"
 
@@ -98,6 +101,31 @@ class Collector:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+@pytest.fixture
+async def agents(tmp_path: Path) -> AsyncIterator[list[CollectAgent]]:
+    """Collect agents started by a test (stopped after it), all on one SQLite database."""
+    started: list[CollectAgent] = []
+    yield started
+    for a in reversed(started):
+        await a.stop()
+
+
+async def start_agent(tmp_path: Path, name: str, **settings: Any) -> CollectAgent:
+    """A real collect agent (MQTT 5 endpoint) on SQLite in ``tmp_path``; add it to ``agents``."""
+    from services.collect_agent.app import create_service as create_agent
+    from tests.collect_agent.conftest import agent_config
+
+    cfg = agent_config(
+        tmp_path,
+        {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+        spool_dir=str(tmp_path / f"spool-{name}"),
+        **settings,
+    )
+    agent = create_agent(cfg)
+    await agent.start()
+    return agent
 
 
 @pytest.fixture

@@ -127,3 +127,32 @@ def test_dcdb_clips_values_beyond_int64(value: float) -> None:
     (msg,) = encode_dcdb(route(["/h/x"]), np.array([1], dtype=np.int64), np.array([[value]]), None)
     _, v = codec.decode_dcdb(msg.payload, 0)
     assert abs(v[0]) > 9e18
+
+
+def test_a_cycle_with_a_few_readings_missing_is_one_message_spliced_around_them() -> None:
+    from array import array
+
+    names = [f"/h/g/s{i:03d}" for i in range(40)]
+    r = route(names)
+    row = array("d", [float(i) for i in range(40)])
+    keep = array("B", [1] * 40)
+    for j in (0, 7, 8, 39):
+        keep[j] = 0
+    (msg,) = encode_kvb1(r, [5], [row], [keep])
+    batch = codec.decode_batch("/h/g", msg.payload)
+    assert batch.sensors == [n for j, n in enumerate(names) if keep[j]]
+    assert batch.values.tolist() == [float(j) for j in range(40) if keep[j]]
+    assert msg.readings == 36
+    assert codec.encode_batch("/h/g", batch) == (msg.topic, msg.payload), "the codec's bytes"
+    assert encode_kvb1(r, [5], [row], [array("B", [0] * 40)]) == []
+
+
+def test_metadata_bytes_are_the_codecs() -> None:
+    from services.pusher.formats import SensorMetadata as Light
+    from services.pusher.formats import metadata_message
+
+    light = Light(name="/h/t/x", unit="W", scale=0.001, interval_ms=1000, monotonic=True)
+    heavy = SensorMetadata(name="/h/t/x", unit="W", scale=0.001, interval_ms=1000, monotonic=True)
+    msg = metadata_message(light)
+    assert (msg.topic, msg.payload) == codec.encode_metadata(heavy)
+    assert codec.decode_metadata("/h/t/x", msg.payload) == heavy

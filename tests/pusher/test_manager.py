@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.cache import SensorCache
 from services.common.sensors import SensorMetadata
 from services.pusher import config
+from services.pusher.cache import SensorCache
 from services.pusher.manager import PluginManager
 from services.pusher.metrics import PusherMetrics
 from services.pusher.plugins import registry

@@ -16,6 +16,7 @@ from services.common.sensors import SensorMetadata
 from services.common.settings import Config
 from services.common.storage.base import StorageBackend
 from services.query_api.app import QueryApiService, create_service
+from tests.support.auth import headers, with_auth
 
 T0 = 1_780_000_000 * 10**9
 """A round epoch (2026-05-28T20:26:40Z) the tests place readings at."""
@@ -74,13 +75,22 @@ async def mixed_inputs(api: Api) -> None:
     await api.write("/it/power", np.arange(11), np.full(11, 0.1), unit="kW")
 
 
-def make_config(tmp_path: Path, **query_api: object) -> Config:
+def make_config(tmp_path: Path, auth: dict[str, Any] | None = None, **query_api: object) -> Config:
+    """A query API on a free loopback port with the test credentials (plus ``auth`` keys)."""
     return Config(
-        overrides={
-            "query_api": {"host": "127.0.0.1", "port": 0, "virtual_settle_s": 0, **query_api},
-            "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-        }
+        overrides=with_auth(
+            {
+                "query_api": {"host": "127.0.0.1", "port": 0, "virtual_settle_s": 0, **query_api},
+                "storage": {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
+            },
+            **(auth or {}),
+        )
     )
+
+
+def admin_client(port: int | None, **kw: Any) -> httpx.AsyncClient:
+    """A client of the query API on ``port`` holding the admin token."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers(), **kw)
 
 
 @pytest.fixture
@@ -88,7 +98,7 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     svc = create_service(make_config(tmp_path))
     await svc.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+        async with admin_client(svc.port, timeout=30) as c:
             yield Api(svc, c)
     finally:
         await svc.stop()

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from services.cli import main
+from services.common.auth import Role
 from tests.query_api.conftest import T0, Api, S
+from tests.support.auth import TOKENS
 
 
 async def kelvin_process(api: Api, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -19,7 +21,8 @@ async def kelvin_process(api: Api, *args: str) -> subprocess.CompletedProcess[by
     cmd = [sys.executable, "-m", "services.cli", *args]
     return await asyncio.to_thread(
         subprocess.run, cmd, capture_output=True, timeout=60,
-        env={"KELVIN_QUERY_API_URL": api.url, "PATH": "/usr/bin:/bin"},
+        env={"KELVIN_QUERY_API_URL": api.url, "KELVIN_QUERY_API_TOKEN": TOKENS[Role.ADMIN],
+             "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
 
 
@@ -27,6 +30,7 @@ async def kelvin_process(api: Api, *args: str) -> subprocess.CompletedProcess[by
 def kelvin(api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
     """Run ``kelvin ARGS`` in a thread against ``api``; returns (exit code, stdout, stderr)."""
     monkeypatch.setenv("KELVIN_QUERY_API_URL", api.url)
+    monkeypatch.setenv("KELVIN_QUERY_API_TOKEN", TOKENS[Role.ADMIN])
 
     async def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()

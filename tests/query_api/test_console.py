@@ -16,10 +16,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from services.common.auth import Role
 from services.common.http import HttpServer
 from services.query_api.app import create_service
 from services.query_api.console.mount import STATIC_DIR
-from tests.query_api.conftest import make_config
+from tests.query_api.conftest import admin_client, make_config
+from tests.support.auth import TOKENS, headers
 from tests.support.servers import free_port
 
 
@@ -50,8 +52,8 @@ async def upstream() -> AsyncIterator[str]:
         await server.stop()
 
 
-async def _service(tmp_path: Path, **settings: object) -> Any:
-    svc = create_service(make_config(tmp_path, **settings))
+async def _service(tmp_path: Path, auth: dict[str, Any] | None = None, **settings: object) -> Any:
+    svc = create_service(make_config(tmp_path, auth, **settings))
     await svc.start()
     return svc
 
@@ -59,7 +61,7 @@ async def _service(tmp_path: Path, **settings: object) -> Any:
 async def test_page_is_self_contained_and_strictly_same_origin(tmp_path: Path) -> None:
     svc = await _service(tmp_path)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+        async with admin_client(svc.port) as c:
             page = await c.get("/")
             assert page.status_code == 200
             assert page.headers["content-type"].startswith("text/html")
@@ -102,13 +104,15 @@ def test_no_file_of_the_console_reaches_outside() -> None:
 async def test_proxy_forwards_reads_with_their_query(tmp_path: Path, upstream: str) -> None:
     svc = await _service(tmp_path, allocator_url=upstream, collect_agent_url=upstream)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+        async with admin_client(svc.port) as c:
             r = await c.get(
                 "/console/api/allocator/api/v1/hall?a=1&b=x%20y&a=2",
                 headers={"Authorization": "Bearer not-for-upstream"},
             )
             assert r.status_code == 200
-            assert r.json() == {"echo": [["a", "1"], ["b", "x y"], ["a", "2"]], "auth": None}
+            # the caller's credential is not passed on; the query API sends its own read token
+            own = f"Bearer {TOKENS[Role.READ]}"
+            assert r.json() == {"echo": [["a", "1"], ["b", "x y"], ["a", "2"]], "auth": own}
             r = await c.get("/console/api/agent/api/v1/broken")
             assert r.status_code == 503 and r.json() == {"error": "sick"}
             metrics = (await c.get("/metrics")).text
@@ -134,7 +138,7 @@ async def test_proxy_refuses_what_it_does_not_forward(
 ) -> None:
     svc = await _service(tmp_path, allocator_url=upstream)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+        async with admin_client(svc.port) as c:
             r = await c.send(c.build_request("GET", path))  # no client-side path normalising
             assert r.status_code == status
             assert "secret" not in r.text
@@ -151,7 +155,7 @@ async def test_unreachable_upstream_is_a_502_naming_it(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     svc = await _service(tmp_path, allocator_url=dead)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+        async with admin_client(svc.port) as c:
             r = await c.get("/console/api/allocator/api/v1/hall")
             assert r.status_code == 502
             body = r.json()
@@ -169,15 +173,13 @@ async def test_unreachable_upstream_is_a_502_naming_it(tmp_path: Path) -> None:
 async def test_proxy_needs_the_read_token_but_the_page_does_not(
     tmp_path: Path, upstream: str
 ) -> None:
-    svc = await _service(tmp_path, allocator_url=upstream, token="s3cret", protect_reads=True)
+    svc = await _service(tmp_path, allocator_url=upstream, auth={"open_reads": False})
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
             assert (await c.get("/")).status_code == 200
             assert (await c.get("/console/static/js/main.js")).status_code == 200
             assert (await c.get("/console/api/allocator/api/v1/hall")).status_code == 401
-            ok = await c.get(
-                "/console/api/allocator/api/v1/hall", headers={"Authorization": "Bearer s3cret"}
-            )
+            ok = await c.get("/console/api/allocator/api/v1/hall", headers=headers(Role.READ))
             assert ok.status_code == 200
     finally:
         await svc.stop()

@@ -10,6 +10,8 @@ to ``test-artifacts/console-*.png``.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.auth import Role
 from tests.support.kelvin import KelvinUp
-from tests.support.servers import require_binary
+from tests.support.servers import free_port, require_binary, wait_port
 
 pytestmark = pytest.mark.slow
 
@@ -271,6 +274,13 @@ def test_define_and_chart_a_virtual_sensor(
 ) -> None:
     pg, problems = page
     pg.goto(f"{demo.console_url}#/virtual")
+    # Reads are open on loopback; defining a sensor needs the admin token kelvin up printed.
+    expect(pg.locator("#token-button")).to_have_text("Token")
+    pg.click("#token-button")
+    pg.fill("#token-input", demo.token(Role.ADMIN))
+    pg.click("#token-form button[value=save]")
+    expect(pg.locator("#token-button")).to_have_text("Token ✓ admin")
+    expect(pg.locator("#insecure-banner")).to_be_hidden()
     form = pg.locator("#virtual-form")
     form.locator("input[name=name]").fill("/demo/it_power")
     form.locator("textarea[name=expression]").fill('sum("/hall/*/*/*/power")')
@@ -312,3 +322,26 @@ def test_ingest_health_shows_live_rates(
     assert "ok" in (pg.locator("#ingest-badge").get_attribute("class") or "")
     pg.screenshot(path=str(artifacts_dir / "console-ingest.png"))
     assert problems.items == []
+
+
+def test_an_insecure_query_api_shows_the_banner(browser: Any, tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "services.cli", "run", "query-api", "--insecure"]
+    cmd += ["--data-dir", str(tmp_path), "--query-api-port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    ctx = None
+    try:
+        wait_port(port, timeout=30, proc=proc)
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        pg.goto(f"http://127.0.0.1:{port}/#/virtual")
+        expect(pg.locator("#insecure-banner")).to_be_visible()
+        assert "Authentication is off" in pg.locator("#insecure-banner").inner_text()
+    finally:
+        if ctx is not None:
+            ctx.close()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    text = out.decode()
+    assert "auth.mode is 'none'" in text, text  # the start-up warning
+    assert "auth           OFF" in text, text

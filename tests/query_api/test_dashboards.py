@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -27,7 +26,7 @@ from services.common.sensors import SensorMetadata
 from services.pusher.metrics import PusherMetrics
 from services.query_api.app import create_service
 from services.query_api.context import ApiMetrics
-from tests.query_api.conftest import Api, make_config
+from tests.query_api.conftest import Api, admin_client, make_config
 
 DASHBOARDS = sorted(
     (Path(__file__).resolve().parents[2] / "charts/kelvin/dashboards").glob("*.json")
@@ -81,7 +80,7 @@ async def hall(tmp_path: Path) -> AsyncIterator[Api]:
         for name, (v, unit) in sensors.items():
             await st.write(Batch.single(name, ts, v + np.sin(np.arange(ts.size))))
             await st.put_metadata(SensorMetadata(name=name, unit=unit))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}", timeout=30) as c:
+        async with admin_client(svc.port, timeout=30) as c:
             assert svc.definer is not None  # the demo profile defines /hall/pue ...
             await asyncio.wait_for(svc.definer, 30)  # ... once its inputs exist
             assert (await c.get("/api/v1/virtual/hall/pue")).status_code == 200

@@ -7,6 +7,7 @@ not for a fixed time.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from services.common.auth import Role
 from tests.support.servers import free_port
 
 ANNOUNCE = re.compile(r"^\s*console\s+(http://\S+)$")
@@ -49,6 +51,14 @@ class KelvinUp:
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}"
+
+    def token(self, role: Role = Role.ADMIN) -> str:
+        """The token of ``role`` this ``kelvin up`` generated into its data directory."""
+        doc = json.loads((self.data_dir / "auth" / "tokens.json").read_text())
+        return str(doc[role.value])
+
+    def headers(self, role: Role = Role.ADMIN) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token(role)}"}
 
     def start(self, timeout_s: float = 40.0) -> KelvinUp:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -91,7 +91,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 
 {{- define "kelvin.queryApiConfig" -}}
 {{- $q := .Values.queryApi -}}
-{{- $out := dict "host" "0.0.0.0" "port" $q.service.port "protect_reads" $q.protectReads -}}
+{{- $out := dict "host" "0.0.0.0" "port" $q.service.port -}}
 {{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
 {{- $_ := set $out "collect_agent_url" (include "kelvin.serviceURL" (dict "root" . "component" "collect-agent" "port" .Values.collectAgent.service.httpPort)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $q.config) -}}
@@ -134,6 +134,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $v := .Values -}}
 {{- $cfg := dict -}}
 {{- $_ := set $cfg "logging" (dict "level" $v.logging.level "json_format" $v.logging.jsonFormat "access_log" $v.logging.accessLog) -}}
+{{- $_ := set $cfg "auth" (include "kelvin.authConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "storage" (include "kelvin.storageConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "collect_agent" (include "kelvin.collectAgentConfig" . | fromYaml) -}}
 {{- $_ := set $cfg "query_api" (include "kelvin.queryApiConfig" . | fromYaml) -}}

@@ -79,7 +79,6 @@ it, so they must not contain `"` or `\`.
 {{- end }}
 
 {{- define "kelvin.collectAgentEnv" -}}
-{{- $auth := .Values.auth }}
 {{- $m := .Values.mqtt }}
 {{- if eq (include "kelvin.collectAgentSpoolMode" .) "shared" }}
 - name: POD_NAME
@@ -90,7 +89,7 @@ it, so they must not contain `"` or `\`.
   value: /var/lib/kelvin/spools/$(POD_NAME)
 {{- end }}
 {{- include "kelvin.storageEnv" . }}
-{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_API_TOKEN" "existing" $auth.existingSecret "key" $auth.collectAgentTokenKey "inline" $auth.collectAgentToken) }}
+{{- include "kelvin.authEnv" (dict "root" .) }}
 {{- if eq $m.mode "external" }}
 {{- $a := $m.external.auth }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_BROKER__USERNAME" "existing" $a.existingSecret "key" $a.usernameKey "inline" $a.username) }}
@@ -100,9 +99,8 @@ it, so they must not contain `"` or `\`.
 {{- end }}
 {{- end }}
 
-{{/* The pusher: its node's name in its sensor prefix, MQTT credentials, REST token. */}}
+{{/* The pusher: its node's name in its sensor prefix, MQTT credentials, REST token verifiers. */}}
 {{- define "kelvin.pusherEnv" -}}
-{{- $auth := .Values.auth }}
 {{- $pub := .Values.mqtt.publisherAuth }}
 - name: NODE_NAME
   valueFrom:
@@ -114,34 +112,40 @@ it, so they must not contain `"` or `\`.
 {{- end }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
-{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_TOKEN" "existing" $auth.existingSecret "key" $auth.pusherTokenKey "inline" $auth.pusherToken) }}
+{{- include "kelvin.authEnv" (dict "root" .) }}
+{{- /* Until the pusher reads the shared auth section itself, its REST API takes the admin
+token's verifier (with an existingSecret, the token itself). */}}
+{{- if eq .Values.auth.mode "token" }}
+- name: KELVIN_PUSHER_TOKEN
+{{- if .Values.auth.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ tpl .Values.auth.existingSecret . | quote }}
+      key: {{ .Values.auth.adminTokenKey | quote }}
+{{- else }}
+  value: {{ printf "sha256:%s" (include "kelvin.generated" (dict "root" . "key" .Values.auth.adminTokenKey) | sha256sum) | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 
-{{/* The allocator: its REST token, and the pushers' MQTT login for its decision sensors. */}}
+{{/* The allocator: its token verifiers (it reads the query API: the read token), and the pushers' MQTT login for its decision sensors. */}}
 {{- define "kelvin.allocatorEnv" -}}
-{{- $auth := .Values.auth }}
 {{- $pub := .Values.mqtt.publisherAuth }}
-{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_API_TOKEN" "existing" $auth.existingSecret "key" $auth.allocatorTokenKey "inline" $auth.allocatorToken) }}
+{{- include "kelvin.authEnv" (dict "root" . "sends" (list "read")) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
 {{- end }}
 
+{{/* The query API: storage, and its read token in plain (the console's reads of the allocator and collect agent). */}}
 {{- define "kelvin.queryApiEnv" -}}
-{{- $auth := .Values.auth }}
 {{- include "kelvin.storageEnv" . }}
-{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_QUERY_API_TOKEN" "existing" $auth.existingSecret "key" $auth.queryApiTokenKey "inline" $auth.queryApiToken) }}
+{{- include "kelvin.authEnv" (dict "root" . "sends" (list "read")) }}
 {{- end }}
 
-{{/* data: of the chart's Secret: the inline values only (base64). */}}
+{{/* data: of the chart's Secret: generated tokens and the inline values (base64). */}}
 {{- define "kelvin.secretData" -}}
 {{- $v := .Values -}}
-{{- $data := dict -}}
-{{- if not $v.auth.existingSecret -}}
-{{- with $v.auth.queryApiToken }}{{ $_ := set $data $v.auth.queryApiTokenKey . }}{{ end -}}
-{{- with $v.auth.collectAgentToken }}{{ $_ := set $data $v.auth.collectAgentTokenKey . }}{{ end -}}
-{{- with $v.auth.allocatorToken }}{{ $_ := set $data $v.auth.allocatorTokenKey . }}{{ end -}}
-{{- with $v.auth.pusherToken }}{{ $_ := set $data $v.auth.pusherTokenKey . }}{{ end -}}
-{{- end -}}
+{{- $data := include "kelvin.authSecretData" . | fromYaml -}}
 {{- $pub := $v.mqtt.publisherAuth -}}
 {{- if not $pub.existingSecret -}}
 {{- with $pub.username }}{{ $_ := set $data $pub.usernameKey . }}{{ end -}}

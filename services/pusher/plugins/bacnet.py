@@ -12,13 +12,11 @@ read time out (counted), never the plugin fail.
 from __future__ import annotations
 
 import logging
+from array import array
 from typing import Any
 
-import numpy as np
-from pydantic import Field, field_validator
-
 from services.common.errors import ConfigError
-from services.common.readings import Float64Array
+from services.common.schema import Field, field_validator
 from services.pusher.plugins.base import (
     Entity,
     Group,
@@ -27,6 +25,7 @@ from services.pusher.plugins.base import (
     PluginConfig,
     Sensor,
     SensorOptions,
+    Values,
     interval_field,
 )
 
@@ -95,12 +94,12 @@ class DeviceGroup(Group):
         self.device = device
         self.app = app
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         from bacpypes3.apdu import ErrorRejectAbortNack
         from bacpypes3.pdu import Address
 
         address = Address(self.device.cfg.address)
-        out = np.full(len(self.device.cfg.objects), np.nan)
+        out = array("d", [float("nan")]) * len(self.device.cfg.objects)
         for i, obj in enumerate(self.device.cfg.objects):
             try:
                 value = await self.app.read_property(address, obj.object, obj.property)

@@ -8,41 +8,60 @@ owns the connection to it. A group returns one float per sensor per read (NaN
 factor, sub-sampling, queues, cache, publishing) is the pusher's job, not the
 plugin's.
 
-Writing a plugin: subclass :class:`PluginConfig` for the section, :class:`Group`
-for what is read, :class:`Plugin` for the configurator, and register the plugin
-class under the entry-point group ``kelvin.pusher.plugins``. ``kelvin plugin new
-NAME`` writes such a package.
+Writing a plugin: subclass :class:`PluginConfig` for the section (a
+:class:`services.common.schema.Model`: declared like a pydantic model, with
+``Field``, ``field_validator`` and ``model_validator`` from
+:mod:`services.common.schema`), :class:`Group` for what is read, :class:`Plugin`
+for the configurator, and register the plugin class under the entry-point
+group ``kelvin.pusher.plugins``. ``kelvin plugin new NAME`` writes such a package.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
-
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic.alias_generators import to_camel
+from typing import Any, ClassVar, Protocol
+from urllib.parse import urlsplit
 
 from services.common import names
-from services.common.readings import Float64Array
-from services.common.sensors import SensorMetadata
+from services.common.errors import ConfigError
+from services.common.schema import (
+    AliasChoices,
+    Field,
+    Model,
+    ModelConfig,
+    ValidationInfo,
+    field_validator,
+)
+from services.pusher.formats import SensorMetadata
 
 log = logging.getLogger(__name__)
 
-_MODEL = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+class Values(Protocol):
+    """What a group's read returns: one float per sensor (``array('d')``, a list of floats,
+    or a numpy array, as third-party plugins may return)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Any: ...
+    def __iter__(self) -> Iterator[Any]: ...
 
 
-class MetadataConfig(BaseModel):
+_MODEL = ModelConfig(extra="forbid", camel=True)
+
+
+class MetadataConfig(Model):
     """The ``metadata`` block of a sensor (DCDB keys); what the collect agent learns."""
 
     model_config = _MODEL
 
     unit: str | None = None
     """Physical unit of the published value (after ``factor``), e.g. ``W``, ``°C``."""
-    scale: float = 1.0
+    scale: float = Field(1.0, allow_inf_nan=False)
     """DCDB wire integer x scale = physical value (DCDB format only; KVB1 carries floats)."""
     integrable: bool = False
     monotonic: bool = False
@@ -50,7 +69,7 @@ class MetadataConfig(BaseModel):
     ttl_ms: int | None = Field(None, validation_alias=AliasChoices("ttl_ms", "ttl", "ttlMs"))
 
 
-class SensorOptions(BaseModel):
+class SensorOptions(Model):
     """Per-sensor DCDB options; a group's or plugin's values are the defaults."""
 
     model_config = _MODEL
@@ -174,7 +193,7 @@ class Group:
     so that it runs in the group's own worker thread under the read timeout.
     """
 
-    blocking: ClassVar[bool] = False
+    blocking: bool = False
 
     def __init__(
         self,
@@ -188,11 +207,11 @@ class Group:
         self.options = options
         self.entity = entity
 
-    def read(self, timestamp_ns: int) -> Float64Array:
+    def read(self, timestamp_ns: int) -> Values:
         """One value per sensor, in ``self.sensors`` order (NaN = no reading)."""
         raise NotImplementedError(f"{type(self).__name__} implements neither read nor read_async")
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         """Asynchronous variant for sources with an asyncio client (HTTP, SNMP, BACnet)."""
         raise NotImplementedError
 
@@ -202,6 +221,20 @@ class Group:
 
     def close(self) -> None:
         """Release what the group holds (file descriptors, ...). Idempotent."""
+
+
+@dataclass(frozen=True)
+class Restrictions:
+    """What a plugin section that did not come from the configuration file may use.
+
+    A section loaded over REST (``POST /api/v1/plugins/{name}/load`` with a body)
+    must not turn the pusher into a file reader, a proxy or a command runner: its
+    file paths must lie under ``roots`` (after resolving symbolic links), its URLs
+    must name one of ``hosts``, and it may run no command but a plugin's default.
+    """
+
+    roots: tuple[str, ...] = ("/proc", "/sys")
+    hosts: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -221,13 +254,55 @@ class PluginContext:
     count_error: Callable[[str], None] = field(default=lambda reason: None)
     """Count a problem the plugin absorbs itself (``kelvin_pusher_plugin_errors_total``)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    restrictions: Restrictions | None = None
+    """None: the section is the configuration file's (anything goes); else what it may use."""
 
     def path(self, p: str | Path) -> Path:
-        """Resolve a path from the configuration against the configuration's directory."""
+        """A path from the section, resolved against the configuration's directory, and
+        allowed by the restrictions (ConfigError otherwise)."""
         path = Path(p)
-        if path.is_absolute() or self.config_dir is None:
-            return path
-        return self.config_dir / path
+        if not path.is_absolute() and self.config_dir is not None:
+            path = self.config_dir / path
+        self.check_path(path)
+        return path
+
+    def check_path(self, path: Path) -> None:
+        """ConfigError unless ``path`` (symbolic links resolved) lies under an allowed root."""
+        r = self.restrictions
+        if r is None:
+            return
+        real = os.path.realpath(path)
+        for root in r.roots:
+            base = os.path.realpath(root)
+            if real == base or real.startswith(base.rstrip("/") + "/"):
+                return
+        raise ConfigError(
+            f"pusher.plugins.{self.instance}: {path} is outside the directories a plugin loaded "
+            f"over REST may read ({', '.join(r.roots)}; setting pusher.file_roots)"
+        )
+
+    def command(self, argv: list[str], default: list[str] | None) -> list[str]:
+        """The command to run: a section from REST may only run the plugin's default."""
+        if self.restrictions is not None and argv != default:
+            raise ConfigError(
+                f"pusher.plugins.{self.instance}: a plugin loaded over REST runs no command but "
+                f"its default ({' '.join(default) if default else 'none'}); put "
+                f"{' '.join(argv)!r} in the configuration file instead"
+            )
+        return argv
+
+    def check_url(self, url: str) -> None:
+        """ConfigError unless a section from REST may fetch ``url`` (its host is allowed)."""
+        r = self.restrictions
+        if r is None:
+            return
+        host = (urlsplit(url).hostname or "").lower()
+        if host not in r.hosts:
+            allowed = ", ".join(sorted(r.hosts)) or "none"
+            raise ConfigError(
+                f"pusher.plugins.{self.instance}: host {host!r} is not one a plugin loaded over "
+                f"REST may fetch from (allowed: {allowed}; setting pusher.rest_hosts)"
+            )
 
 
 class Plugin(ABC):

@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field
 
 from services.common.errors import ConfigError, KelvinError
 from services.common.hall_physics import HallPhysics, Physics
 from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array
+from services.common.schema import Field
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
 from services.pusher.plugins.base import (
     Group,

@@ -14,9 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import Literal
 
-from pydantic import model_validator
-
 from services.common.errors import ConfigError
+from services.common.schema import model_validator
 from services.pusher.plugins.base import Group, Plugin, PluginConfig
 from services.pusher.plugins.text import ParsedGroup, TextSource
 
@@ -30,6 +29,10 @@ COUNTERS = {
     "dir": ("readdirs", None),
     "iu": ("inode_updates", None),
 }
+
+
+MMPMON = ["/usr/lpp/mmfs/bin/mmpmon", "-p", "-s"]
+"""The default command (the only one a section loaded over REST may run)."""
 
 
 class GpfsConfig(PluginConfig):
@@ -79,7 +82,7 @@ class GpfsPlugin(Plugin):
         if cfg.file is not None:
             source = TextSource("mmpmon", path=self.context.path(cfg.file))
         else:
-            argv = cfg.command or ["/usr/lpp/mmfs/bin/mmpmon", "-p", "-s"]
+            argv = self.context.command(cfg.command or MMPMON, MMPMON)
             source = TextSource("mmpmon", argv=argv, stdin=cfg.request + "\n")
         self.entities.append(source)
         found = parse_mmpmon(await source.text())

@@ -15,20 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from pathlib import Path
+from array import array
 from typing import Literal
 
-import numpy as np
-from pydantic import Field
-
 from services.common.errors import KelvinError
-from services.common.readings import Float64Array
+from services.common.schema import Field
 from services.pusher.plugins.base import (
     Group,
     GroupOptions,
     Plugin,
     PluginConfig,
+    PluginContext,
     Sensor,
+    Values,
     interval_field,
 )
 from services.pusher.plugins.text import ParsedGroup, TextSource
@@ -96,13 +95,11 @@ def sensor_values(text: str) -> dict[str, float]:
 class Bmc(TextSource):
     """One BMC: ``ipmitool ... sensor`` with the password in the environment."""
 
-    def __init__(self, cfg: HostConfig, plugin: IpmiConfig, base: Path | None) -> None:
+    def __init__(self, cfg: HostConfig, plugin: IpmiConfig, context: PluginContext) -> None:
         password = cfg.password
         if cfg.password_file:
-            path = Path(cfg.password_file)
-            path = path if path.is_absolute() or base is None else base / path
-            password = path.read_text().strip()
-        argv = [plugin.ipmitool]
+            password = context.path(cfg.password_file).read_text().strip()
+        argv = context.command([plugin.ipmitool], ["ipmitool"])
         if cfg.host:
             argv += ["-I", cfg.interface, "-H", cfg.host, "-N", "1", "-R", "1"]
             if cfg.username:
@@ -139,10 +136,10 @@ class PyghmiGroup(Group):
         self.bmc = bmc
         self.keys = keys
 
-    def read(self, timestamp_ns: int) -> Float64Array:
+    def read(self, timestamp_ns: int) -> Values:
         found = self.bmc.read_pyghmi()
         nan = (float("nan"), None)
-        return np.array([found.get(k, nan)[0] for k in self.keys], dtype=np.float64)
+        return array("d", [found.get(k, nan)[0] for k in self.keys])
 
 
 class IpmiPlugin(Plugin):
@@ -156,7 +153,7 @@ class IpmiPlugin(Plugin):
         assert isinstance(cfg, IpmiConfig)
         groups: list[Group] = []
         for h in cfg.hosts:
-            bmc = Bmc(h, cfg, self.context.config_dir)
+            bmc = Bmc(h, cfg, self.context)
             self.entities.append(bmc)
             opts = self.options_of(h)
             try:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from array import array
 from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
-
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor, Values
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +65,15 @@ class GpuGroup(Group):
         self.handle = handle
         self.readers = readers
 
-    def read(self, timestamp_ns: int) -> Float64Array:
-        out = np.empty(len(self.readers), dtype=np.float64)
+    def read(self, timestamp_ns: int) -> Values:
+        out = array("d", bytes(8 * len(self.readers)))
         for i, reader in enumerate(self.readers):
             try:
                 out[i] = reader(self.nvml, self.handle)
             except self.nvml.NVMLError:
-                out[i] = np.nan  # e.g. GPU fallen off the bus: no reading, the rest still count
+                out[i] = float(
+                    "nan"
+                )  # e.g. GPU fallen off the bus: no reading, the rest still count
         return out
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import Field
-
 from services.common.errors import ConfigError
+from services.common.schema import Field
 from services.pusher.plugins.base import Group, Plugin, PluginConfig
 from services.pusher.plugins.sysfs import FileGroup
 from services.pusher.plugins.text import ParsedGroup, TextSource
@@ -58,7 +57,7 @@ class OpaPlugin(Plugin):
         assert isinstance(cfg, OpaConfig)
         opts = self.group_options()
         if cfg.command is not None:
-            source = TextSource("perfquery", argv=cfg.command)
+            source = TextSource("perfquery", argv=self.context.command(cfg.command, None))
             self.entities.append(source)
             keys = [
                 k

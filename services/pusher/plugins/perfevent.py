@@ -19,14 +19,12 @@ import logging
 import os
 import platform
 import struct
+from array import array
 from pathlib import Path
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from services.common.errors import ConfigError, KelvinError
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.common.schema import Model, ModelConfig
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor, Values
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +63,8 @@ class _Attr(ctypes.Structure):
     ]
 
 
-class RawEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RawEvent(Model):
+    model_config = ModelConfig(extra="forbid")
 
     name: str
     type: int
@@ -129,8 +127,8 @@ class CounterGroup(Group):
         super().__init__(name, sensors, options)
         self.fds = fds
 
-    def read(self, timestamp_ns: int) -> Float64Array:
-        out = np.empty(len(self.fds), dtype=np.float64)
+    def read(self, timestamp_ns: int) -> Values:
+        out = array("d", bytes(8 * len(self.fds)))
         for i, fd in enumerate(self.fds):
             value, enabled, running = struct.unpack("QQQ", os.read(fd, 24))
             out[i] = value * (enabled / running) if 0 < running < enabled else value
@@ -206,7 +204,7 @@ class PerfeventPlugin(Plugin):
         cfg = self.config
         assert isinstance(cfg, PerfeventConfig)
         try:
-            level = Path(cfg.paranoid_path).read_text().strip()
+            level = self.context.path(cfg.paranoid_path).read_text().strip()
         except OSError:
             level = "unknown"
         if exc.errno in (errno.EACCES, errno.EPERM):

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import functools
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from services.common.errors import ConfigError
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor, Values
 
 CPU_FIELDS = (
     "user",
@@ -109,11 +107,11 @@ class KeyFileGroup(Group):
         self.parser = parser
         self.keys = keys
 
-    def read(self, timestamp_ns: int) -> Float64Array:
+    def read(self, timestamp_ns: int) -> Values:
         with open(self.path, encoding="ascii", errors="replace") as f:
             found = self.parser(f.read())
         nan = float("nan")
-        return np.array([found.get(k, nan) for k in self.keys], dtype=np.float64)
+        return array("d", [found.get(k, nan) for k in self.keys])
 
 
 class ProcfsPlugin(Plugin):

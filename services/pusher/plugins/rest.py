@@ -18,13 +18,11 @@ One asyncio HTTP client (httpx) per endpoint; reads run on the event loop.
 from __future__ import annotations
 
 import re
+from array import array
 from typing import Any, Literal
 
-import numpy as np
-from pydantic import Field, field_validator
-
 from services.common.errors import ConfigError, KelvinError
-from services.common.readings import Float64Array
+from services.common.schema import Field, field_validator
 from services.pusher.plugins.base import (
     Entity,
     Group,
@@ -33,6 +31,7 @@ from services.pusher.plugins.base import (
     PluginConfig,
     Sensor,
     SensorOptions,
+    Values,
 )
 
 _PATH_TOKEN = re.compile(r"""\.([^.\[\]]+)|\[(\d+)\]|\[["']([^"']*)["']\]""")
@@ -203,7 +202,7 @@ class JsonGroup(Group):
         self.endpoint = endpoint
         self.paths = paths
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         import json
 
         text = await self.endpoint.get()
@@ -211,7 +210,7 @@ class JsonGroup(Group):
             doc = json.loads(text)
         except ValueError as exc:
             raise KelvinError(f"{self.endpoint.cfg.url}: not JSON: {exc}") from exc
-        return np.array([lookup(doc, p) for p in self.paths], dtype=np.float64)
+        return array("d", [lookup(doc, p) for p in self.paths])
 
 
 class PrometheusGroup(Group):
@@ -227,10 +226,10 @@ class PrometheusGroup(Group):
         self.endpoint = endpoint
         self.keys = keys
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         found = scrape(await self.endpoint.get())
         nan: Sample = (float("nan"), "", "", {})
-        return np.array([found.get(k, nan)[0] for k in self.keys], dtype=np.float64)
+        return array("d", [found.get(k, nan)[0] for k in self.keys])
 
 
 class RestPlugin(Plugin):
@@ -245,6 +244,7 @@ class RestPlugin(Plugin):
         groups: list[Group] = []
         for e in cfg.endpoints:
             opts = self.options_of(e)
+            self.context.check_url(e.url)
             endpoint = Endpoint(e, (opts.timeout_ms or opts.interval_ms) / 1000)
             await endpoint.open()
             self.entities.append(endpoint)

@@ -11,13 +11,11 @@ read error or timeout), never the plugin.
 from __future__ import annotations
 
 import logging
+from array import array
 from typing import Any, Literal
 
-import numpy as np
-from pydantic import Field, field_validator
-
 from services.common.errors import ConfigError, KelvinError
-from services.common.readings import Float64Array
+from services.common.schema import Field, field_validator
 from services.pusher.plugins.base import (
     Entity,
     Group,
@@ -26,6 +24,7 @@ from services.pusher.plugins.base import (
     PluginConfig,
     Sensor,
     SensorOptions,
+    Values,
 )
 
 log = logging.getLogger(__name__)
@@ -149,11 +148,11 @@ class AgentGroup(Group):
         self.oids = oids
         self.per_get = per_get
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         from pysnmp.hlapi.v3arch import asyncio as h
 
         a = self.agent
-        out = np.full(len(self.oids), np.nan)
+        out = array("d", [float("nan")]) * len(self.oids)
         for start in range(0, len(self.oids), self.per_get):
             chunk = self.oids[start : start + self.per_get]
             binds = [h.ObjectType(h.ObjectIdentity(o)) for o in chunk]

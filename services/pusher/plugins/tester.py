@@ -1,21 +1,20 @@
 """``tester``: N synthetic sensors at near-zero cost (DCDB's tester plugin).
 
 Sensors ``<prefix>/s0000`` ... (zero-padded to the width of the largest
-index); every read is one numpy call per group. ``mode``: ``counter`` (start
-value + number of reads, as DCDB's tester), ``sine`` (a wave per sensor, for
-demos) or ``random`` (uniform in [0, 1)).
+index). ``mode``: ``counter`` (start value + number of reads, as DCDB's tester:
+one array repetition per read, whatever the number of sensors), ``sine`` (a
+wave per sensor, for demos) or ``random`` (uniform in [0, 1); numpy's
+generator, imported only in this mode).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from array import array
+from typing import Any, Literal
 
-import numpy as np
-from pydantic import AliasChoices, Field
-
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor
+from services.common.schema import AliasChoices, Field
+from services.pusher.plugins.base import Group, GroupOptions, Plugin, PluginConfig, Sensor, Values
 
 
 class TesterConfig(PluginConfig):
@@ -47,27 +46,30 @@ class TesterGroup(Group):
         self.count = 0
         n = len(sensors)
         self.first = first
-        self._phase = np.arange(first, first + n, dtype=np.float64) * (2 * math.pi / 97)
-        self._rng: np.random.Generator | None = None
+        self._phase = [i * (2 * math.pi / 97) for i in range(first, first + n)]
+        self._rng: Any = None
 
-    def read(self, timestamp_ns: int) -> Float64Array:
+    def read(self, timestamp_ns: int) -> Values:
         self.count += 1
         n = len(self.sensors)
         if self.mode == "counter":
-            return np.full(n, self.start + self.count, dtype=np.float64)
+            return array("d", [self.start + self.count]) * n
         if self.mode == "sine":
             angle = 2 * math.pi * (timestamp_ns % self.period_ns) / self.period_ns
-            return self.start + np.sin(self._phase + angle)
-        if self._rng is None:  # numpy.random costs ~2 MB: only the random mode loads it
+            sin, start = math.sin, self.start
+            return array("d", [start + sin(p + angle) for p in self._phase])
+        if self._rng is None:  # numpy (~18 MB of RSS): only the random mode loads it
+            import numpy as np
+
             self._rng = np.random.default_rng(self.first)
-        return self.start + self._rng.random(n)
+        return self.start + self._rng.random(n)  # type: ignore[no-any-return]
 
 
 class TesterPlugin(Plugin):
     """N synthetic sensors."""
 
     Config = TesterConfig
-    description = "synthetic sensors (counter, sine or random), vectorised"
+    description = "synthetic sensors (counter, sine or random)"
 
     async def build(self) -> list[Group]:
         cfg = self.config

@@ -12,14 +12,12 @@ import asyncio
 import contextlib
 import os
 import signal
+from array import array
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import numpy as np
-
 from services.common.errors import KelvinError
-from services.common.readings import Float64Array
-from services.pusher.plugins.base import Entity, Group, GroupOptions, Sensor
+from services.pusher.plugins.base import Entity, Group, GroupOptions, Sensor, Values
 
 Parser = Callable[[str], Mapping[str, float]]
 
@@ -104,10 +102,13 @@ class ParsedGroup(Group):
         self.source = source
         self.parser = parser
         self.keys = keys
-        self.mult = None if multipliers is None else np.array(multipliers, dtype=np.float64)
+        self.mult = None if multipliers is None else [float(m) for m in multipliers]
 
-    async def read_async(self, timestamp_ns: int) -> Float64Array:
+    async def read_async(self, timestamp_ns: int) -> Values:
         found = self.parser(await self.source.text())
         nan = float("nan")
-        out = np.array([found.get(k, nan) for k in self.keys], dtype=np.float64)
-        return out if self.mult is None else out * self.mult
+        if self.mult is None:
+            return array("d", [found.get(k, nan) for k in self.keys])
+        return array(
+            "d", [found.get(k, nan) * m for k, m in zip(self.keys, self.mult, strict=True)]
+        )

@@ -9,15 +9,17 @@ a file is edited to reference it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from services.common.auth import Credentials, Role, token_from_headers
+from services.common.http import public, requires
 from services.query_api.console import proxy
 from services.query_api.context import ApiContext
-from services.query_api.routes.common import auth
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_PREFIX = "/console/static"
@@ -50,8 +52,8 @@ class _RevalidatingStatic(StaticFiles):
 def mount(app: FastAPI) -> None:
     """Add the console to ``app`` (a query API app whose ``state.ctx`` is its ApiContext)."""
     ctx: ApiContext = app.state.ctx
-    read, _ = auth(ctx)
-    pages = APIRouter(include_in_schema=False)
+    read = requires(Role.READ)
+    pages = APIRouter(include_in_schema=False, dependencies=[public()])
 
     @pages.get("/")
     async def index() -> FileResponse:
@@ -61,6 +63,20 @@ def mount(app: FastAPI) -> None:
     @pages.get("/console")
     async def console() -> RedirectResponse:
         return RedirectResponse("/", status_code=308)
+
+    @pages.get("/console/auth")
+    async def auth_state(request: Request) -> dict[str, Any]:
+        """How this query API authenticates, and the role of the token sent (if any): the
+        console shows a banner when auth is off and asks for a token when it needs one."""
+        creds = request.app.state.credentials if hasattr(request.app.state, "credentials") else None
+        creds = creds if isinstance(creds, Credentials) else Credentials()
+        held = creds.role_of(token_from_headers(request.headers.get))
+        auth = getattr(request.app.state, "auth", None)
+        return {
+            "mode": "none" if auth is not None and auth.insecure else "token",
+            "open_roles": sorted(r.value for r in creds.open_roles),
+            "role": held.value if held else None,
+        }
 
     @pages.get("/favicon.ico")
     async def favicon() -> FileResponse:

@@ -4,7 +4,9 @@
 forward to ``allocator_url`` and ``collect_agent_url`` so the page needs no
 CORS anywhere. Only GET, and only the upstreams' ``api/v1/...``, ``healthz``
 and ``readyz``: the console looks, it never changes placements or kicks
-clients. Reads here need the query API's read token like every other read.
+clients. Reads here need the query API's read token like every other read, and the
+query API calls its upstreams with its own read token (the services share the
+``auth`` section).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
+from services.common.auth import Role
 from services.common.logs import RateLimitedLog
 from services.query_api.context import ApiContext
 from services.query_api.routes.common import error
@@ -95,7 +98,11 @@ def router(app: FastAPI, ctx: ApiContext, read: Any) -> APIRouter:
         url = f"{base().rstrip('/')}/{path}"
         try:
             query = request.url.query  # as sent, in order, repeated keys and all
-            up = await upstreams.get_client().get(f"{url}?{query}" if query else url)
+            token = ctx.auth.token(Role.READ) if ctx.auth is not None else None
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            up = await upstreams.get_client().get(
+                f"{url}?{query}" if query else url, headers=headers
+            )
         except httpx.TimeoutException:
             errors.labels(upstream, "timeout").inc()
             _upstream_log.warning(upstream, "console proxy: %s timed out", url)

@@ -1,16 +1,15 @@
-"""Helpers shared by the routes: time ranges, auth dependencies, error bodies."""
+"""Helpers shared by the routes: time ranges and error bodies."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from services.common import times
 from services.common.errors import KelvinError, TimeSpecError
-from services.common.http import bearer
 from services.query_api.context import ApiContext
 
 Dependency = Callable[[Request], Coroutine[Any, Any, None]]
@@ -62,13 +61,6 @@ def interval(spec: str | None) -> int | None:
     if ns > MAX_NS:
         raise TimeSpecError(f"interval: {spec!r} is longer than int64 ns can hold (292 years)")
     return ns
-
-
-def auth(ctx: ApiContext) -> tuple[Any, Any]:
-    """(read, write) dependencies: writes need the token; reads only with ``protect_reads``."""
-    write = bearer(lambda: ctx.settings.token)
-    read = bearer(lambda: ctx.settings.token if ctx.settings.protect_reads else None)
-    return Depends(read), Depends(write)
 
 
 def error(status: int, kind: str, detail: str) -> JSONResponse:

@@ -19,12 +19,14 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import names, times
+from services.common.auth import Role
 from services.common.errors import NotFoundError
+from services.common.http import requires
 from services.query_api import operations
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
 from services.query_api.query import Result
-from services.query_api.routes.common import auth, parse_time_ns
+from services.query_api.routes.common import parse_time_ns
 
 OPERATIONS = ["none", *specs.OPERATIONS]
 BUCKETS = ["avg", "min", "max", "sum", "count", "first", "last"]
@@ -93,7 +95,7 @@ def _spec_of(t: Target) -> str:
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, _ = auth(ctx)
+    read = requires(Role.READ)
     r = APIRouter(prefix="/grafana", tags=["grafana"], dependencies=[read])
 
     @r.get("", include_in_schema=False)

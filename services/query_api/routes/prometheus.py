@@ -19,12 +19,14 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from services.common import times
+from services.common.auth import Role
 from services.common.errors import KelvinError, TimeSpecError
+from services.common.http import requires
 from services.query_api import promql
 from services.query_api.context import ApiContext
 from services.query_api.promeval import Evaluator, labels_of, matches
 from services.query_api.promql import PromQLError
-from services.query_api.routes.common import MAX_NS, auth, in_range
+from services.query_api.routes.common import MAX_NS, in_range
 
 MAX_POINTS = 11_000
 """Prometheus' limit of steps per series in a range query."""
@@ -152,7 +154,7 @@ def _doc(*names_: str) -> dict[str, Any]:
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, _ = auth(ctx)
+    read = requires(Role.READ)
     r = APIRouter(prefix="/prometheus/api/v1", tags=["prometheus"], dependencies=[read])
 
     async def guarded(request: Request, fn: Any) -> Response:

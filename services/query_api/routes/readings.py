@@ -9,13 +9,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from services.common import names
+from services.common.auth import Role
+from services.common.http import requires
 from services.common.readings import Series
 from services.query_api import csvimport, encode, stream
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
 from services.query_api.csvimport import CsvError, PayloadTooLarge
 from services.query_api.query import QueryError, Result, apply
-from services.query_api.routes.common import auth, interval, time_range
+from services.query_api.routes.common import interval, time_range
 from services.query_api.spec import Spec
 
 SENSOR_DOC = (
@@ -29,7 +31,7 @@ TIME_DOC = (
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, write = auth(ctx)
+    read, admin = requires(Role.READ), requires(Role.ADMIN)
     r = APIRouter(prefix="/api/v1", tags=["readings"])
 
     @r.get(
@@ -148,7 +150,7 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.post(
         "/import",
-        dependencies=[write],
+        dependencies=[admin],
         summary="Import readings from CSV (long `Sensor,Time,Value` or wide `Time,<sensor>,...`)",
         openapi_extra={
             "requestBody": {

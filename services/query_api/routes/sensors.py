@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import names, times
-from services.common.errors import NotFoundError
+from services.common.auth import Role
+from services.common.errors import KelvinError, NotFoundError
+from services.common.http import requires
 from services.common.sensors import SensorMetadata
 from services.query_api.context import ApiContext
-from services.query_api.routes.common import auth
 
 
 class ChildOut(BaseModel):
@@ -34,6 +36,12 @@ class NamesOut(BaseModel):
     sensors: list[str]
 
 
+class NonFiniteError(KelvinError, ValueError):
+    """A numeric metadata field that is NaN or infinite."""
+
+    reason = "non_finite"
+
+
 class MetadataIn(BaseModel):
     """Fields to set; the ones left out keep their stored values."""
 
@@ -52,7 +60,7 @@ class MetadataIn(BaseModel):
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, write = auth(ctx)
+    read, admin = requires(Role.READ), requires(Role.ADMIN)
     r = APIRouter(prefix="/api/v1", tags=["sensors"])
 
     @r.get(
@@ -139,12 +147,17 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.put(
         "/metadata",
-        dependencies=[write],
+        dependencies=[admin],
         summary="Set metadata fields of a sensor (creates the sensor if needed)",
     )
     async def put_metadata(body: MetadataIn) -> dict[str, Any]:
         ctx.metrics.requests.labels("put_metadata").inc()
         names.validate(body.name)
+        if body.scale is not None and not math.isfinite(body.scale):
+            raise NonFiniteError(
+                f"{body.name}: scale must be a finite number, got {body.scale!r} (a NaN or "
+                "infinite scale would turn every later reading of the sensor into null)"
+            )
         fields = body.model_dump(exclude_none=True)
         if "operations" in fields:
             fields["operations"] = tuple(fields["operations"])

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 
 from services.common import names
+from services.common.auth import Role
+from services.common.http import requires
 from services.query_api.context import ApiContext
-from services.query_api.routes.common import auth
 from services.query_api.virtual.define import VirtualIn
 from services.query_api.virtual.engine import Engine
 
@@ -20,7 +21,7 @@ VirtualName = Annotated[
 
 
 def router(ctx: ApiContext) -> APIRouter:
-    read, write = auth(ctx)
+    read, admin = requires(Role.READ), requires(Role.ADMIN)
     r = APIRouter(prefix="/api/v1", tags=["virtual sensors"])
 
     def engine() -> Engine:
@@ -51,7 +52,7 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.put(
         "/virtual/{name:path}",
-        dependencies=[write],
+        dependencies=[admin],
         summary="Define (or redefine) a virtual sensor",
         responses={
             200: {
@@ -74,7 +75,7 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.delete(
         "/virtual/{name:path}",
-        dependencies=[write],
+        dependencies=[admin],
         summary="Delete a virtual sensor and its stored results",
         responses={
             404: {"description": "no such virtual sensor"},

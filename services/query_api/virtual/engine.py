@@ -30,7 +30,7 @@ import numpy as np
 from services.common.errors import NotFoundError
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.storage.base import StorageBackend
-from services.query_api import units
+from services.query_api import limits, units
 from services.query_api.catalog import Catalog
 from services.query_api.query import QueryError
 from services.query_api.settings import Settings
@@ -332,7 +332,7 @@ class Engine:
             if await self.catalog.virtual(sensor) is not None:
                 series = await self._evaluate(sensor, lo, hi, (*stack, name))
             else:
-                series = await self.storage.read(sensor, lo, hi)
+                series = await limits.read_within(self.storage, sensor, lo, hi)
             vals = align.interpolate(series.timestamps_ns, series.values, ext, gap)
             cache[sensor] = _to_base(await self.catalog.unit(sensor)).apply(vals)
             return cache[sensor]

@@ -16,6 +16,11 @@ Sensor names are always quoted (``"..."`` or ``'...'``); inside the quotes
 ``*`` matches one hierarchy level and ``**`` any number of levels, allowed only
 as an argument of ``min max avg sum``. No ``eval``: the parser builds a tree of
 the node classes below, and every error names the position it found.
+
+The tree is at most :data:`MAX_DEPTH` levels deep (parentheses, calls, signs and
+``^`` each add one; a long run of ``+`` or of ``*`` is built in halves, so a sum of
+many sensors stays shallow): deeper input is an :class:`ExpressionTooDeep` at the
+position where it went too deep, never a RecursionError in whatever walks the tree.
 """
 
 from __future__ import annotations
@@ -34,13 +39,33 @@ SERIES_FUNCS = ("delta", "rate", "integral")
 FUNCS = ("abs", *AGGREGATE_FUNCS, *SERIES_FUNCS)
 
 
+MAX_DEPTH = 100
+"""Deepest tree an expression may make (real ones nest a handful of levels)."""
+
+
 class ExpressionError(KelvinError, ValueError):
     """An expression that cannot be parsed or checked; ``position`` is 0-based."""
 
     def __init__(self, message: str, text: str, position: int) -> None:
         self.message, self.text, self.position = message, text, position
-        pointer = f"\n  {text}\n  {' ' * position}^" if "\n" not in text else ""
+        pointer = (
+            f"\n  {text}\n  {' ' * position}^" if "\n" not in text and len(text) <= 200 else ""
+        )
         super().__init__(f"{message} at position {position + 1}{pointer}")
+
+
+class ExpressionTooDeep(ExpressionError):
+    """An expression nested deeper than :data:`MAX_DEPTH`."""
+
+    reason = "too_deep"
+
+    def __init__(self, text: str, position: int) -> None:
+        super().__init__(
+            f"expression nested deeper than {MAX_DEPTH} levels (parentheses, function calls, "
+            "signs and '^' each add one)",
+            text,
+            position,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +153,16 @@ class _Parser:
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
+        self.depth = 0
+
+    def deeper(self, tok: Token) -> None:
+        """One level down (undone by :meth:`up`); too deep is an error here, before recursing."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ExpressionTooDeep(self.text, tok.pos)
+
+    def up(self) -> None:
+        self.depth -= 1
 
     @property
     def tok(self) -> Token:
@@ -159,21 +194,27 @@ class _Parser:
         return node
 
     def expr(self) -> Node:
-        node = self.term()
+        operands, ops = [self.term()], []
         while (t := self.take("op", "+") or self.take("op", "-")) is not None:
-            node = Binary(t.text, node, self.term(), t.pos)
-        return node
+            ops.append(t)
+            operands.append(self.term())
+        return _chain(operands, ops, "+")
 
     def term(self) -> Node:
-        node = self.unary()
+        operands, ops = [self.unary()], []
         while (t := self.take("op", "*") or self.take("op", "/")) is not None:
-            node = Binary(t.text, node, self.unary(), t.pos)
-        return node
+            ops.append(t)
+            operands.append(self.unary())
+        return _chain(operands, ops, "*")
 
     def unary(self) -> Node:
         t = self.take("op", "-") or self.take("op", "+")
         if t is not None:
-            operand = self.unary()
+            self.deeper(t)
+            try:
+                operand = self.unary()
+            finally:
+                self.up()
             return operand if t.text == "+" else Unary("-", operand, t.pos)
         return self.power()
 
@@ -181,7 +222,11 @@ class _Parser:
         base = self.atom()
         t = self.take("op", "^")
         if t is not None:
-            return Binary("^", base, self.unary(), t.pos)
+            self.deeper(t)
+            try:
+                return Binary("^", base, self.unary(), t.pos)
+            finally:
+                self.up()
         return base
 
     def atom(self) -> Node:
@@ -196,7 +241,11 @@ class _Parser:
             self.i += 1
             return self.call(t)
         if self.take("op", "("):
-            inner = self.expr()
+            self.deeper(t)
+            try:
+                inner = self.expr()
+            finally:
+                self.up()
             self.expect(")", "')' to close the '(' at position " + str(t.pos + 1))
             return inner
         if t.kind == "end":
@@ -241,13 +290,67 @@ class _Parser:
                 t,
             )
         self.expect("(", f"'(' after {func}")
-        args = [self.expr()]
-        while self.take("op", ","):
-            args.append(self.expr())
+        self.deeper(t)
+        try:
+            args = [self.expr()]
+            while self.take("op", ","):
+                args.append(self.expr())
+        finally:
+            self.up()
         self.expect(")", f"')' to close {func}(")
         if func not in AGGREGATE_FUNCS and len(args) != 1:
             raise self.error(f"{func}() takes exactly one argument, got {len(args)}", t)
         return Call(func, tuple(args), t.pos)
+
+
+def _chain(operands: list[Node], ops: list[Token], commutative: str) -> Node:
+    """``a op b op c ...`` left to right; a run of ``commutative`` (``+`` or ``*``) is
+    built balanced (its depth is log2 of its length, not its length)."""
+    node = operands[0]
+    i = 0
+    while i < len(ops):
+        j = i
+        while j < len(ops) and ops[j].text == commutative:
+            j += 1
+        if j > i:  # ops[i:j] are all the commutative one: combine node, operands[i+1..j]
+            node = _balanced([node, *operands[i + 1 : j + 1]], ops[i:j])
+            i = j
+        else:
+            node = Binary(ops[i].text, node, operands[i + 1], ops[i].pos)
+            i += 1
+    return node
+
+
+LEFT_TO_RIGHT_RUN = 32
+"""Runs up to this long are combined strictly left to right (the same rounding as
+written); longer ones (sums of many sensors) in halves."""
+
+
+def _balanced(operands: list[Node], ops: list[Token]) -> Node:
+    if len(operands) <= LEFT_TO_RIGHT_RUN:
+        node = operands[0]
+        for op, right in zip(ops, operands[1:], strict=True):
+            node = Binary(op.text, node, right, op.pos)
+        return node
+    mid = (len(operands) + 1) // 2
+    left = _balanced(operands[:mid], ops[: mid - 1])
+    right = _balanced(operands[mid:], ops[mid:])
+    return Binary(ops[mid - 1].text, left, right, ops[mid - 1].pos)
+
+
+def _check_depth(root: Node, text: str) -> None:
+    """Chains of ``-`` or ``/`` deepen the tree without recursion in the parser."""
+    stack: list[tuple[Node, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExpressionTooDeep(text, node.pos)
+        if isinstance(node, Unary):
+            stack.append((node.operand, depth + 1))
+        elif isinstance(node, Binary):
+            stack += [(node.left, depth + 1), (node.right, depth + 1)]
+        elif isinstance(node, Call):
+            stack += [(a, depth + 1) for a in node.args]
 
 
 def parse(text: str) -> Node:
@@ -255,6 +358,7 @@ def parse(text: str) -> Node:
     if len(text) > 10_000:
         raise ExpressionError("expression longer than 10000 characters", text[:40], 0)
     node = _Parser(text).parse()
+    _check_depth(node, text)
     _check_patterns(node, text, inside_aggregate=False)
     return node
 

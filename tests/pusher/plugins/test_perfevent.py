@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from services.common.errors import KelvinError
@@ -31,11 +32,11 @@ async def test_software_counters_per_cpu_grow() -> None:
         f"/t/perfevent/cpu{c}/cpu-clock" for c in cpus
     ]
     assert group.sensors[0].options.delta, "counters are published as deltas by default"
-    first = group.read(0)
+    first = np.asarray(group.read(0))
     deadline = time.perf_counter() + 0.02
     while time.perf_counter() < deadline:  # keep this CPU busy so that its clock advances
         pass
-    second = group.read(0)
+    second = np.asarray(group.read(0))
     assert (second[: len(cpus)] > first[: len(cpus)]).all(), "cpu-clock (ns) advances on every CPU"
     group.close()
     await plugin.close()
@@ -48,8 +49,8 @@ async def test_hardware_counters_where_the_machine_exposes_a_pmu() -> None:
     except KelvinError as exc:
         pytest.skip(f"no hardware PMU exposed here: {exc}")
     (group,) = groups
-    a = group.read(0)
-    b = group.read(0)
+    a = np.asarray(group.read(0))
+    b = np.asarray(group.read(0))
     assert (b >= a).all() and b.sum() > a.sum()
     group.close()
 

@@ -8,8 +8,12 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.auth import Role
 from services.query_api.app import create_service
+from services.query_api.virtual.parser import MAX_DEPTH
 from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
+from tests.query_api.virtual.test_parser import DEEP
+from tests.support.auth import headers
 
 
 async def define(api: Api, name: str, expression: str, **extra: Any) -> httpx.Response:
@@ -203,8 +207,8 @@ async def test_dry_run_stores_nothing(api: Api) -> None:
     assert (await api.client.get("/api/v1/virtual/v/dry")).status_code == 404
 
 
-async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) -> None:
-    svc = create_service(make_config(tmp_path, token="s3cret"))
+async def test_changes_need_admin_and_reads_are_open_on_loopback(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path))
     await svc.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
@@ -212,30 +216,73 @@ async def test_changes_need_the_token_reads_are_open_by_default(tmp_path: Path) 
             await mixed_inputs(api)
             body = {"expression": PUE}
             assert (await c.put("/api/v1/virtual/pue", json=body)).status_code == 401
-            wrong = {"Authorization": "Bearer nope"}
+            wrong = {"Authorization": "Bearer not-a-token-of-this-service"}
             assert (await c.put("/api/v1/virtual/pue", json=body, headers=wrong)).status_code == 401
-            good = {"Authorization": "Bearer s3cret"}
+            low = await c.put("/api/v1/virtual/pue", json=body, headers=headers(Role.WRITE))
+            assert low.status_code == 403, low.text
+            good = headers(Role.ADMIN)
             assert (await c.put("/api/v1/virtual/pue", json=body, headers=good)).status_code == 200
             assert (await c.delete("/api/v1/virtual/pue")).status_code == 401
             assert (await c.get("/api/v1/virtual/pue")).status_code == 200
             assert (await api.values("/pue", 0, 1)) == pytest.approx([3.0])
             put = {"name": "/a/power", "unit": "kW"}
-            assert (await c.put("/api/v1/metadata", json=put)).status_code == 401
+            meta = await c.put("/api/v1/metadata", json=put, headers=headers(Role.READ))
+            assert meta.status_code == 403
             assert (await c.delete("/api/v1/virtual/pue", headers=good)).status_code == 200
     finally:
         await svc.stop()
 
 
-async def test_protected_reads(tmp_path: Path) -> None:
-    svc = create_service(make_config(tmp_path, token="s3cret", protect_reads=True))
+async def test_reads_need_the_read_token_when_not_open(tmp_path: Path) -> None:
+    svc = create_service(make_config(tmp_path, auth={"open_reads": False}))
     await svc.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
             await Api(svc, c).write("/a", [0], [1.0])
             assert (await c.get("/api/v1/sensors")).status_code == 401
             assert (await c.get("/api/v1/readings", params={"sensor": "/a"})).status_code == 401
-            ok = await c.get("/api/v1/sensors", headers={"Authorization": "Bearer s3cret"})
+            ok = await c.get("/api/v1/sensors", headers=headers(Role.READ))
             assert ok.status_code == 200
+            # a pusher's write token cannot read
+            assert (await c.get("/api/v1/sensors", headers=headers(Role.WRITE))).status_code == 403
             assert (await c.get("/healthz")).status_code == 200  # probes stay open
     finally:
         await svc.stop()
+
+
+async def test_too_deep_expressions_are_a_counted_400_with_the_position(api: Api) -> None:
+    await api.write("/a", [0, 1, 2], [1.0, 2.0, 3.0])
+    for text in DEEP.values():
+        r = await api.client.put("/api/v1/virtual/deep", json={"expression": text})
+        assert r.status_code == 400, r.text[:300]
+        body = r.json()
+        assert body["error"] == "too_deep" and 1 <= body["position"] <= len(text)
+        assert len(r.content) < 1000, "no traceback, no copy of the expression"
+    metrics = (await api.client.get("/metrics")).text
+    assert f'kelvin_query_api_rejects_total{{reason="too_deep"}} {float(len(DEEP))}' in metrics
+
+
+async def test_the_deepest_allowed_expression_is_defined_and_evaluated(api: Api) -> None:
+    await api.write("/a", [0, 1, 2], [1.0, 2.0, 3.0])
+    depth = MAX_DEPTH - 2
+    for text in ("(" * depth + '"/a"' + ")" * depth, "--" * (depth // 2) + '"/a"'):
+        r = await api.client.put("/api/v1/virtual/deepest", json={"expression": text})
+        assert r.status_code == 200, r.text[:300]
+        assert await api.values("/deepest", 0, 3) == pytest.approx([1.0, 2.0, 3.0])
+        assert (await api.client.delete("/api/v1/virtual/deepest")).status_code == 200
+
+
+async def test_a_nan_or_infinite_scale_is_a_counted_400_and_changes_nothing(api: Api) -> None:
+    await api.write("/m/p", [0], [1.0])
+    ok = await api.client.put("/api/v1/metadata", json={"name": "/m/p", "scale": 0.5})
+    assert ok.status_code == 200 and ok.json()["scale"] == 0.5
+    for body in (b'{"name": "/m/p", "scale": NaN}', b'{"name": "/m/p", "scale": "Infinity"}',
+                 b'{"name": "/m/p", "scale": "-inf"}'):  # fmt: skip
+        r = await api.client.put(
+            "/api/v1/metadata", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 400 and r.json()["error"] == "non_finite", r.text
+    meta = (await api.client.get("/api/v1/metadata", params={"sensor": "/m/p"})).json()
+    assert meta["scale"] == 0.5
+    metrics = (await api.client.get("/metrics")).text
+    assert 'kelvin_query_api_rejects_total{reason="non_finite"} 3.0' in metrics

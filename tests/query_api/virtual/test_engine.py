@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -16,7 +15,7 @@ from services.common.storage.base import StorageBackend
 from services.query_api.app import create_service
 from services.query_api.virtual.define import VirtualIn
 from services.query_api.virtual.engine import Engine
-from tests.query_api.conftest import PUE, T0, Api, S, make_config, mixed_inputs
+from tests.query_api.conftest import PUE, T0, Api, S, admin_client, make_config, mixed_inputs
 
 
 class CountingStorage:
@@ -127,7 +126,7 @@ async def test_recent_results_are_not_stored_until_they_settle(tmp_path: Path) -
     svc = create_service(make_config(tmp_path, virtual_settle_s=3600))
     await svc.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.port}") as c:
+        async with admin_client(svc.port) as c:
             api = Api(svc, c)
             counting = CountingStorage(api.storage)
             svc.ctx.attach(counting)  # type: ignore[arg-type]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from services.query_api.virtual.parser import (
+    MAX_DEPTH,
     Binary,
     Call,
     ExpressionError,
+    ExpressionTooDeep,
+    Node,
     Number,
     Ref,
     Unary,
@@ -71,3 +74,48 @@ def test_errors_point_at_the_position(text: str, position: int, fragment: str) -
 def test_no_eval_anywhere() -> None:
     with pytest.raises(ExpressionError):
         parse("__import__('os').system('true')")
+
+
+# --------------------------------------------------------------------------- depth
+
+DEEP = {
+    "400 nested parentheses": "(" * 400 + '"/a"' + ")" * 400,
+    "500 chained ^": '"/a"' + ' ^ "/a"' * 500,
+    "600 unary minus": "-" * 600 + '"/a"',
+    "1200 nested calls": "abs(" * 1200 + '"/a"' + ")" * 1200,
+    "1300 chained -": '"/a"' + ' - "/a"' * 1300,
+    "mixed": "(-abs(" * 60 + '"/a"' + "))" * 60,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_too_deep_is_an_error_with_its_position_not_a_recursion_error(name: str) -> None:
+    text = DEEP[name]
+    with pytest.raises(ExpressionTooDeep) as info:
+        parse(text)
+    assert info.value.reason == "too_deep"
+    assert 0 <= info.value.position < len(text)
+    assert f"deeper than {MAX_DEPTH}" in str(info.value)
+    assert len(str(info.value)) < 400, "no copy of a 10 kB expression in the message"
+
+
+def test_a_long_sum_stays_shallow_and_means_the_same() -> None:
+    text = " + ".join(f'"/n{i}"' for i in range(1000))
+    tree = parse(text)
+    assert [r.name for r in refs(tree)] == [f"/n{i}" for i in range(1000)]
+    assert isinstance(tree, Binary) and tree.op == "+"
+    # -, / runs keep their left-to-right meaning: 8 - 2 - 1 is (8 - 2) - 1
+    assert _shape(parse("8 - 2 - 1 + 4 * 3 / 2")) == "(((8.0-2.0)-1.0)+((4.0*3.0)/2.0))"
+    assert _shape(parse("1 + 2 + 3 - 4")) == "(((1.0+2.0)+3.0)-4.0)", "runs of three stay in order"
+
+
+def _shape(node: Node) -> str:
+    if isinstance(node, Binary):
+        return f"({_shape(node.left)}{node.op}{_shape(node.right)})"
+    assert isinstance(node, Number)
+    return str(node.value)
+
+
+def test_the_deepest_allowed_expression_parses() -> None:
+    parse("(" * (MAX_DEPTH - 1) + '"/a"' + ")" * (MAX_DEPTH - 1))
+    parse("-" * (MAX_DEPTH - 1) + '"/a"')

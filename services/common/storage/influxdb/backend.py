@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common import names
 from services.common.errors import PermanentStorageError, StorageError
+from services.common.logs import mask_url
 from services.common.readings import Batch, Float64Array, Int64Array, Series
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage.base import (
@@ -402,7 +403,7 @@ class InfluxStorage(StorageBackend):
         policies = rows(await self.http.query(f"SHOW RETENTION POLICIES ON {db}"))
         return {
             "backend": self.kind,
-            "url": s.url,
+            "url": mask_url(s.url),
             "server_version": self.http.version,
             "database": s.database,
             "retention_policy": s.retention_policy or "(default)",

@@ -63,7 +63,10 @@ async function request(method, path, { params, body, accept = "application/json"
   if (!res.ok) {
     let detail;
     try { detail = await res.json(); } catch { detail = res.statusText; }
-    if (res.status === 401) window.dispatchEvent(new CustomEvent("kelvin:auth"));
+    // 401: no or an unknown token; 403: a token of too low a role (e.g. read, to define a sensor).
+    if (res.status === 401 || res.status === 403) {
+      window.dispatchEvent(new CustomEvent("kelvin:auth", { detail: { status: res.status, reason: detail?.detail } }));
+    }
     throw new ApiError(res.status, detail, target);
   }
   return res;
@@ -79,6 +82,11 @@ export async function getText(path, params) {
 
 export async function sendJSON(method, path, body, params) {
   return (await request(method, path, { params, body })).json();
+}
+
+/** How the query API authenticates: {mode: "token"|"none", open_roles: [...], role: null|"read"|...}. */
+export function authState() {
+  return getJSON("/console/auth");
 }
 
 /** One sensor's readings: {sensor, unit, start_ns, end_ns, count, timestamps_ns, values}. */

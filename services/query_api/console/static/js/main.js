@@ -1,5 +1,5 @@
 // Console entry point: wires the views together, routes on the address bar's #fragment.
-import { ALLOCATOR, getJSON, setToken, token } from "./api.js";
+import { ALLOCATOR, authState, getJSON, setToken, token } from "./api.js";
 import { Poller } from "./util.js";
 import { ChartPanel } from "./chart.js";
 import { HallView } from "./hall.js";
@@ -98,15 +98,27 @@ function setupToken() {
     input.value = token();
     dialog.showModal();
   };
-  $("token-button").addEventListener("click", () => open("Sent as a bearer token with every request from this tab; kept only in this tab."));
-  window.addEventListener("kelvin:auth", () => open("The query API refused a request without a valid token. Enter it to continue."));
+  $("token-button").addEventListener("click", () => open("Sent as a bearer token with every request from this tab; kept only in this tab. A read token shows everything; defining virtual sensors needs the admin token."));
+  window.addEventListener("kelvin:auth", (e) => open(e.detail?.status === 403
+    ? `This token may not do that: ${e.detail.reason || "it needs a higher role"}. Enter the admin token to continue.`
+    : "The query API refused a request without a valid token. Enter it to continue."));
   dialog.addEventListener("close", () => {
     if (dialog.returnValue === "save") setToken(input.value.trim());
     if (dialog.returnValue === "clear") setToken("");
-    $("token-button").textContent = token() ? "Token ✓" : "Token";
+    showAuth();
     if (dialog.returnValue !== "cancel") { tree.refresh(); route(); }
   });
-  $("token-button").textContent = token() ? "Token ✓" : "Token";
+  showAuth();
+}
+
+/** The insecure banner when auth is off, and the role of the token this tab holds. */
+async function showAuth() {
+  let st;
+  try { st = await authState(); } catch { return; }
+  $("insecure-banner").hidden = st.mode !== "none";
+  const button = $("token-button");
+  button.textContent = st.role ? `Token ✓ ${st.role}` : token() ? "Token ✗" : "Token";
+  button.title = st.role ? `This tab sends a ${st.role} token` : token() ? "The token this tab holds is not accepted" : "Bearer token for protected APIs";
 }
 
 function setupToast() {

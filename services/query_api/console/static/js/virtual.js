@@ -113,7 +113,8 @@ export class VirtualView {
 /** An error as the user needs it: the API's detail and, for a syntax error, a caret under it. */
 function describe(exc, expression) {
   if (!(exc instanceof ApiError)) return String(exc);
-  if (exc.status === 401) return "The query API needs a token to change virtual sensors (Token, top right).";
+  if (exc.status === 401) return "The query API needs the admin token to change virtual sensors (Token, top right).";
+  if (exc.status === 403) return "This token may not change virtual sensors: enter the admin token (Token, top right).";
   const pos = exc.position;
   if (Number.isInteger(pos) && expression && !exc.detail.includes("\n")) return `${exc.detail}\n${expression}\n${" ".repeat(Math.max(0, pos - 1))}^`;
   return exc.detail;

@@ -1,0 +1,99 @@
+"""Read deadlines for the embedded HTTP server: a slow client cannot hold a connection.
+
+uvicorn times out an idle keep-alive connection, but nothing bounds how long a
+request's headers or body may take to arrive: a client dripping one byte a second
+holds its connection, its buffers and (with ``limit_concurrency``) a slot forever.
+:func:`guarded_protocol` wraps uvicorn's httptools protocol with two deadlines:
+
+- headers: from the first byte of a request (or the connection's start) until its
+  headers are complete; on expiry a ``408`` is sent and the connection closed;
+- body: from the end of the headers until the body is complete; on expiry the
+  connection is closed and the handler sees the client gone.
+
+While the application works on a request no deadline runs (long queries are fine).
+Each expiry calls ``on_timeout(phase)`` (counted and logged by the caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Deadlines of one HTTP server, in seconds."""
+
+    header_timeout_s: float = 10.0
+    """A request's headers must arrive within this time of its first byte."""
+    body_timeout_s: float = 120.0
+    """A request's body must arrive within this time of its headers (256 MB at 2 MB/s)."""
+
+
+def _response_408() -> bytes:
+    body = b"request headers did not arrive in time\n"
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+    )
+
+
+def guarded_protocol(
+    limits: HttpLimits, on_timeout: Callable[[str], None]
+) -> type[asyncio.Protocol] | str:
+    """uvicorn's ``http`` protocol class with read deadlines (``"auto"`` without httptools)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # uvicorn[standard] brings httptools; without it, no deadlines
+        log.warning("httptools is not installed: HTTP read deadlines are off")
+        return "auto"
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _phase = ""
+
+        def _arm(self, phase: str, seconds: float) -> None:
+            self._disarm()
+            self._phase = phase
+            self._deadline = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            on_timeout(self._phase)
+            if self._phase == "headers" and (self.cycle is None or self.cycle.response_complete):
+                self.transport.write(_response_408())
+            self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm("headers", limits.header_timeout_s)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm("headers", limits.header_timeout_s)
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm("body", limits.body_timeout_s)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()
+
+    return GuardedHttpToolsProtocol

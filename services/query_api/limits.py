@@ -1,0 +1,304 @@
+"""Bounds on what one query may cost: how many heavy queries run at once, and the memory one holds.
+
+- :class:`HeavyQueryGate` (ASGI middleware) lets at most ``max_heavy_queries`` data
+  queries (readings, Grafana and Prometheus queries) run at once; a request that finds
+  no slot within ``heavy_query_wait_s`` is answered 503 with ``Retry-After`` (busy,
+  counted). When the last heavy query ends, the freed memory is handed back to the OS.
+- Each heavy request gets an :class:`Account` of ``response_memory_bytes``; readings are
+  charged as storage hands them over (:func:`read_within` reads a large range slice by
+  slice), so a query too big for it stops early with a 400 ``over_budget`` instead of
+  first filling memory. Together: heavy queries hold at most
+  ``max_heavy_queries x response_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ctypes
+import ctypes.util
+import itertools
+import json
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+import numpy as np
+from prometheus_client import Counter
+
+from services.common.errors import KelvinError
+from services.common.logs import RateLimitedLog
+from services.common.readings import Series
+from services.common.storage.base import StorageBackend
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+_log = RateLimitedLog(log, 30.0)
+
+BYTES_PER_READING = 32
+"""What a reading held for an answer costs: its timestamp and value as read (16 bytes)
+and the answer's own copy (16 bytes)."""
+
+HEAVY_PATHS = (
+    "/api/v1/readings",
+    "/grafana/query",
+    "/prometheus/api/v1/query",
+    "/prometheus/api/v1/query_range",
+    "/prometheus/api/v1/read",
+)
+"""Paths whose requests read readings (prefixes; `query` also covers `query_range`)."""
+
+PROBE_SLICES = 8
+"""A long range is read as its first eighth first; the rest at once only if it will fit."""
+DENSEST_NS = 1_000_000
+"""No sensor is assumed to read faster than once a millisecond: a range that would fit
+the budget even then is read in one go (a dashboard's hours), longer ones are probed."""
+
+
+class OverBudget(KelvinError, ValueError):
+    """A query whose answer would hold more readings than one response may."""
+
+    reason = "over_budget"
+
+
+@dataclass
+class Account:
+    """The memory one request's answer holds, charged as readings are read."""
+
+    limit_bytes: int
+    used_bytes: int = 0
+    spilled: Counter | None = None
+    """Counts answers that spilled to a temporary file."""
+
+    def fits(self, readings: int) -> bool:
+        return self.used_bytes + readings * BYTES_PER_READING <= self.limit_bytes
+
+    def charge(self, readings: int, what: str) -> None:
+        self.used_bytes += readings * BYTES_PER_READING
+        if self.used_bytes > self.limit_bytes:
+            raise OverBudget(
+                f"{what}: the answer would hold more than response_memory_bytes "
+                f"({self.limit_bytes} bytes, about {self.limit_bytes // BYTES_PER_READING} "
+                "readings); narrow the range, resample with interval, or ask for one "
+                "plain sensor (streamed in slices)"
+            )
+
+
+_account: contextvars.ContextVar[Account | None] = contextvars.ContextVar(
+    "kelvin_query_account", default=None
+)
+
+
+def charge(readings: int, what: str) -> None:
+    """Charge the current request's account (no account: not a heavy request)."""
+    account = _account.get()
+    if account is not None:
+        account.charge(readings, what)
+
+
+async def read_within(storage: StorageBackend, sensor: str, start_ns: int, end_ns: int) -> Series:
+    """``storage.read`` charged to the current request, stopping as soon as it is over.
+
+    Outside a heavy request, or for a range that fits even at a reading per millisecond,
+    this is one plain read. Otherwise the range's first eighth is read; if the whole
+    range extrapolated from it fits, the rest is read at once, else slice by slice,
+    each charged before the next is read.
+    """
+    account = _account.get()
+    if account is None or account.fits((end_ns - start_ns) // DENSEST_NS + 1):
+        series = await storage.read(sensor, start_ns, end_ns)
+        charge(len(series), sensor)
+        return series
+    bounds = np.linspace(start_ns, end_ns, PROBE_SLICES + 1).astype(np.int64).tolist()
+    bounds[0], bounds[-1] = start_ns, end_ns
+    parts = [await storage.read(sensor, bounds[0], bounds[1])]
+    account.charge(len(parts[0]), sensor)
+    if account.fits(len(parts[0]) * (PROBE_SLICES - 1)):
+        rest = await storage.read(sensor, bounds[1], end_ns)
+        account.charge(len(rest), sensor)
+        parts.append(rest)
+    else:
+        for lo, hi in itertools.pairwise(bounds[1:]):
+            part = await storage.read(sensor, lo, hi)
+            account.charge(len(part), sensor)
+            parts.append(part)
+    if len(parts) == 1 or all(len(p) == 0 for p in parts[1:]):
+        return parts[0]
+    return Series(
+        sensor,
+        np.concatenate([p.timestamps_ns for p in parts]),
+        np.concatenate([p.values for p in parts]),
+    )
+
+
+STREAMED_BYTES_PER_READING = 80
+"""A streamed slice's reading: 16 bytes as read, ~40 as JSON or ~57 as CSV text, slack."""
+PROBE_FRACTION = 64
+"""A long plain stream first reads this fraction of its range to learn its density."""
+
+
+def _slice_points(account: Account, ahead: int) -> int:
+    """Readings per streamed slice so that the slices in flight (``ahead`` being read,
+    one encoded) take at most half the request's budget."""
+    return max(1024, account.limit_bytes // 2 // (STREAMED_BYTES_PER_READING * (ahead + 1)))
+
+
+def probe_end(start_ns: int, end_ns: int, ahead: int) -> int | None:
+    """Where a plain stream's density probe ends; None when no probe is needed (no
+    budget, or the range fits one slice even at a reading per millisecond)."""
+    account = _account.get()
+    if account is None or (end_ns - start_ns) // DENSEST_NS < _slice_points(account, ahead):
+        return None
+    return start_ns + (end_ns - start_ns) // PROBE_FRACTION
+
+
+def stream_slices(probe_readings: int, probe_ns: int, rest_ns: int, count: int, ahead: int) -> int:
+    """How many slices the rest of a plain stream needs to keep each under budget."""
+    account = _account.get()
+    if account is None or probe_ns <= 0:
+        return count
+    expected = probe_readings * rest_ns / probe_ns
+    return min(1 << 16, max(count, int(expected // _slice_points(account, ahead)) + 1))
+
+
+DEFAULT_HELD_BYTES = 64 << 20
+
+
+class Held:
+    """Encoded pieces an answer must keep until its end (a JSON answer's values come after
+    all its timestamps): in memory up to a quarter of the request's budget, then in a
+    temporary file, so a streamed answer of any length holds a bounded amount."""
+
+    def __init__(self) -> None:
+        self.account = _account.get()
+        self.limit = self.account.limit_bytes // 4 if self.account else DEFAULT_HELD_BYTES
+        self.pieces: list[bytes | memoryview] = []
+        self.size = 0
+        self.file: IO[bytes] | None = None
+
+    async def add(self, piece: bytes | memoryview) -> None:
+        if self.file is None and self.size + len(piece) <= self.limit:
+            self.pieces.append(piece)
+            self.size += len(piece)
+            return
+        loop = asyncio.get_running_loop()
+        f = self.file
+        if f is None:
+            f = self.file = tempfile.TemporaryFile(prefix="kelvin-answer-")  # noqa: SIM115
+            if self.account is not None and self.account.spilled is not None:
+                self.account.spilled.inc()
+            held, self.pieces = self.pieces, []
+            await loop.run_in_executor(None, f.writelines, held)
+        await loop.run_in_executor(None, f.write, piece)
+
+    async def drain(self, chunk: int = 4 << 20) -> AsyncIterator[bytes | memoryview]:
+        """Everything added, in order; memory is let go as it is sent."""
+        if self.file is None:
+            for i, piece in enumerate(self.pieces):
+                yield piece
+                self.pieces[i] = b""
+            self.pieces = []
+            return
+        loop = asyncio.get_running_loop()
+        f = self.file
+        try:
+            await loop.run_in_executor(None, f.seek, 0)
+            while data := await loop.run_in_executor(None, f.read, chunk):
+                yield data
+        finally:
+            f.close()
+            self.file = None
+
+
+def _malloc_trim() -> None:
+    """Give freed heap memory back to the OS (glibc keeps it otherwise: an answer of a few
+    hundred MB would stay in the RSS until the process ends)."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_libc = _load_libc()
+
+
+class HeavyQueryGate:
+    """ASGI middleware: a slot per heavy request, held until its response is sent."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_heavy: int,
+        wait_s: float,
+        memory_bytes: int,
+        refused: Counter,
+        spilled: Counter | None = None,
+    ) -> None:
+        self.app = app
+        self.spilled = spilled
+        self.slots = asyncio.Semaphore(max_heavy)
+        self.max_heavy, self.wait_s, self.memory_bytes = max_heavy, wait_s, memory_bytes
+        self.refused = refused
+        self.running = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self.app
+        if scope["type"] != "http" or not scope["path"].startswith(HEAVY_PATHS):
+            await app(scope, receive, send)
+            return
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.wait_s)
+        except TimeoutError:
+            await self._busy(scope, send)
+            return
+        self.running += 1
+        token = _account.set(Account(self.memory_bytes, spilled=self.spilled))
+        try:
+            await app(scope, receive, send)
+        finally:
+            _account.reset(token)
+            self.running -= 1
+            self.slots.release()
+            if self.running == 0 and _libc is not None:
+                await asyncio.to_thread(_malloc_trim)
+
+    async def _busy(self, scope: Scope, send: Send) -> None:
+        self.refused.labels("busy").inc()
+        _log.warning(
+            "busy",
+            "%s refused: %d heavy queries already running (max_heavy_queries); "
+            "the client may retry",
+            scope["path"],
+            self.max_heavy,
+        )
+        body = json.dumps(
+            {
+                "error": "busy",
+                "detail": f"{self.max_heavy} heavy queries are running already "
+                f"(query_api.max_heavy_queries); retry in a few seconds",
+            }
+        ).encode()
+        retry = str(max(1, round(self.wait_s)))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", retry.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

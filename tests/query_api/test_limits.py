@@ -1,0 +1,154 @@
+"""Bounded under heavy queries: a cap on those running at once, a memory budget per answer.
+
+A real query API on loopback over SQLite, real HTTP clients. Storage is wrapped only
+to hold a read until the test lets it go (so a heavy query is in flight for sure) and
+to record which ranges were read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from services.common.readings import Batch, Series
+from services.common.storage.base import StorageBackend
+from services.query_api.app import QueryApiService, create_service
+from tests.query_api.conftest import T0, admin_client, make_config
+
+S = 10**9
+
+
+class HeldStorage:
+    """Storage whose reads of ``/slow`` wait for ``gate``; every read is recorded."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.reads: list[tuple[str, int, int]] = []
+
+    async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
+        self.reads.append((sensor, start_ns, end_ns))
+        if sensor == "/slow":
+            self.entered.set()
+            await self.gate.wait()
+        return await self.inner.read(sensor, start_ns, end_ns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def _start(tmp_path: Path, **settings: Any) -> tuple[QueryApiService, HeldStorage]:
+    svc = create_service(make_config(tmp_path, **settings))
+    await svc.start()
+    assert svc.storage is not None
+    held = HeldStorage(svc.storage)
+    svc.ctx.attach(held)  # type: ignore[arg-type]
+    return svc, held
+
+
+@pytest.fixture
+async def capped(tmp_path: Path) -> AsyncIterator[tuple[QueryApiService, HeldStorage]]:
+    svc, held = await _start(tmp_path, max_heavy_queries=1, heavy_query_wait_s=0.2)
+    try:
+        await held.inner.write(Batch.single("/slow", np.array([T0]), np.array([1.0])))
+        await held.inner.write(Batch.single("/fast", np.array([T0]), np.array([2.0])))
+        yield svc, held
+    finally:
+        held.gate.set()
+        await svc.stop()
+
+
+async def test_a_heavy_query_beyond_the_cap_gets_503_with_retry_after(
+    capped: tuple[QueryApiService, HeldStorage],
+) -> None:
+    svc, held = capped
+    params = {"start": str(T0), "end": str(T0 + S)}
+    async with admin_client(svc.port, timeout=30) as c:
+        first = asyncio.create_task(c.get("/api/v1/readings", params={"sensor": "/slow", **params}))
+        await held.entered.wait()  # the cap's one slot is taken
+        busy = await c.get("/api/v1/readings", params={"sensor": "/fast", **params})
+        assert busy.status_code == 503 and busy.headers["retry-after"]
+        assert busy.json()["error"] == "busy" and "max_heavy_queries" in busy.json()["detail"]
+        prom = await c.get("/prometheus/api/v1/query", params={"query": "up"})
+        assert prom.status_code == 503, "every data API shares the cap"
+        # light requests are not capped
+        assert (await c.get("/api/v1/sensors", params={"prefix": "/"})).status_code == 200
+        held.gate.set()
+        assert (await first).json()["values"] == [1.0]
+        again = await c.get("/api/v1/readings", params={"sensor": "/fast", **params})
+        assert again.status_code == 200 and again.json()["values"] == [2.0]
+        metrics = (await c.get("/metrics")).text
+        assert 'kelvin_query_api_queries_refused_total{reason="busy"} 2.0' in metrics
+
+
+async def test_an_answer_over_its_budget_stops_early_with_400(tmp_path: Path) -> None:
+    svc, held = await _start(tmp_path, response_memory_bytes=1 << 20)  # 32768 readings
+    try:
+        n = 100_000  # 100 Hz for 1000 s: the budget is spent a third of the way in
+        ts = T0 + np.arange(n, dtype=np.int64) * 10_000_000
+        await held.inner.write(Batch.single("/dense", ts, np.arange(n, dtype=np.float64)))
+        start, end = T0, T0 + 1000 * S
+        async with admin_client(svc.port, timeout=30) as c:
+            params = {"sensor": "delta(/dense)", "start": str(start), "end": str(end)}
+            r = await c.get("/api/v1/readings", params=params)
+            assert r.status_code == 400 and r.json()["error"] == "over_budget", r.text
+            assert "response_memory_bytes" in r.json()["detail"]
+            reads = [(lo, hi) for s, lo, hi in held.reads if s == "/dense"]
+            assert max(hi for _, hi in reads) < end, "it stopped before reading the whole range"
+            # a plain sensor is streamed: the same range is answered whole
+            plain = await c.get("/api/v1/readings", params={**params, "sensor": "/dense"})
+            assert plain.status_code == 200 and plain.json()["count"] == n
+            metrics = (await c.get("/metrics")).text
+            assert 'kelvin_query_api_rejects_total{reason="over_budget"} 1.0' in metrics
+            assert "kelvin_query_api_answers_spilled_total 1.0" in metrics
+    finally:
+        await svc.stop()
+
+
+async def test_a_plain_answer_holds_a_bounded_part_of_itself(tmp_path: Path) -> None:
+    """1M readings as JSON (~39 MB): the values wait in a file, not in memory.
+
+    The same query on two services, one whose budget makes its values spill and one
+    whose budget holds them; the traced peak of the query alone (storage's own caches
+    warmed first) differs by about the values' size.
+    """
+    n = 1_000_000
+    ts = T0 + np.arange(n, dtype=np.int64) * 1_000_000
+    values = np.random.default_rng(1).random(n)
+    peaks = {}
+    for name, budget in (("spilled", 4 << 20), ("held", 1 << 30)):
+        svc, held = await _start(tmp_path / name, response_memory_bytes=budget, stream_pieces=32)
+        try:
+            await held.inner.write(Batch.single("/big", ts, values))
+            params = {"sensor": "/big", "start": str(T0), "end": str(T0 + n * 1_000_000)}
+            url = f"http://127.0.0.1:{svc.port}/api/v1/readings"
+            size = await asyncio.to_thread(_download, url, params)  # warms storage's caches
+            tracemalloc.start()
+            try:
+                base, _ = tracemalloc.get_traced_memory()
+                assert await asyncio.to_thread(_download, url, params) == size
+                peaks[name] = tracemalloc.get_traced_memory()[1] - base
+            finally:
+                tracemalloc.stop()
+        finally:
+            await svc.stop()
+    values_bytes = n * 18  # ~18 characters per value as JSON
+    assert peaks["spilled"] < peaks["held"] - values_bytes // 2, peaks
+    assert peaks["spilled"] < size / 2, (peaks, size)
+
+
+def _download(url: str, params: dict[str, str]) -> int:
+    size = 0
+    with httpx.stream("GET", url, params=params, timeout=60) as r:
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            size += len(chunk)
+    return size
