@@ -34,6 +34,7 @@ from services.common.auth_settings import service_auth
 from services.common.cache import SensorCache
 from services.common.errors import ConfigError, NotFoundError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
+from services.common.net import Listener
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
 
@@ -393,3 +394,14 @@ class CollectAgent(HttpService):
 
 def create_service(config: Config) -> CollectAgent:
     return CollectAgent(config, config.load(Settings))
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    found = [Listener(s.host, s.port, "collect-agent HTTP", "--collect-agent-port")]
+    if s.mqtt_enabled:
+        found.append(
+            Listener(s.mqtt_host or s.host, s.mqtt_port, "collect-agent MQTT", "--mqtt-port")
+        )
+    return found

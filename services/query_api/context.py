@@ -76,6 +76,8 @@ class ApiContext:
         self.virtual: VirtualSource | None = None
         self.readiness: tuple[bool, str] = (storage is not None, "storage not open yet")
         """What ``/readyz`` says: kept current by the service's storage watch."""
+        self.configured_virtual: set[str] = set()
+        """Virtual sensors the configuration defines (defined again at every start)."""
         if storage is not None:
             self.attach(storage)
 
