@@ -61,7 +61,9 @@ class Client:
         if resp.status_code == 404:
             raise NotFoundError(str(detail))
         if resp.status_code in (401, 403):
-            raise ApiError(f"{self.url}: {detail} (pass --token or set {TOKEN_ENV})", resp.status_code)
+            raise ApiError(
+                f"{self.url}: {detail} (pass --token or set {TOKEN_ENV})", resp.status_code
+            )
         raise ApiError(f"{self.url}: HTTP {resp.status_code}: {detail}", resp.status_code)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
