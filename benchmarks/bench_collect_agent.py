@@ -364,6 +364,11 @@ async def _run(quick: bool) -> str:
         f"{AMQTT_MESSAGES[quick]:,} messages.\n\n### SQLite\n\n"
     )
     influx = "\n\n### InfluxDB 1.x (Debian influxd; half the messages)\n\n"
+    from benchmarks.clickhouse_cluster import agent_section
+
+    clickhouse = "\n\n### ClickHouse cluster (2 shards x 2 replicas + ZooKeeper)\n\n" + (
+        await asyncio.to_thread(agent_section, quick, kelvin, rows, sensor_names())
+    )
     return (
         intro
         + "\n".join(head + sqlite_lines)
@@ -371,6 +376,7 @@ async def _run(quick: bool) -> str:
         + "\n".join(notes)
         + influx
         + "\n".join(head + influx_lines)
+        + clickhouse
     )
 
 

@@ -306,4 +306,8 @@ def main(quick: bool) -> str:
         f"SQLite inserts: {n_insert:,} readings per case; InfluxDB inserts: "
         f"{influx_insert:,}; reads: {n_read:,} points, best of 3."
     )
+    from benchmarks.clickhouse_cluster import storage_section
+
+    lines += ["", "### ClickHouse cluster (2 shards x 2 replicas + ZooKeeper)", ""]
+    lines.append(storage_section(quick))
     return "\n".join(lines)

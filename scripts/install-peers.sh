@@ -10,12 +10,17 @@ have mosquitto_pub || need+=(mosquitto-clients)
 have influxd || need+=(influxdb)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have prometheus-alertmanager || need+=(prometheus-alertmanager)  # alert rules (issue 15)
+have vmalert || need+=(victoria-metrics)  # vmalert against /prometheus, bench_promql's peer
 have collectd || need+=(collectd-core)  # bench_pusher: the peer a site would run instead
 have snmpd || need+=(snmpd)
 have snmpget || need+=(snmp)
 have ipmitool || need+=(ipmitool)
 have chromium || need+=(chromium)
 have kubectl || need+=(kubernetes-client)
+have clickhouse-server || need+=(clickhouse-server)
+have clickhouse-client || need+=(clickhouse-client)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 # `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
 if [ "${1:-}" = image ]; then
   have podman || need+=(podman)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from services.collect_agent import line_protocol
+from services.collect_agent import line_protocol, remote_write
 from services.collect_agent.spool import SpoolError
 from services.common import names
 from services.common.auth import Role
@@ -182,6 +182,8 @@ def create_router(agent: CollectAgent) -> APIRouter:
             raise NotFoundError(f"no connected MQTT client {client_id!r}")
         conn.close("kicked")
         return Response(status_code=204)
+
+    router.include_router(remote_write.router(agent))
 
     @router.get("/api/v1/stats", tags=["stats"], dependencies=[needs_read])
     async def stats() -> dict[str, Any]:

@@ -127,3 +127,6 @@ class Settings(SectionSettings):
     """HTTP ``/write``: a line ``m,tag=v f=1`` becomes ``<influx_prefix>/m/v/f``."""
     influx_measurements: dict[str, str] = {}
     """measurement -> sensor prefix, overriding ``<influx_prefix>/<measurement>``."""
+    remote_write_prefix: str = "/prometheus"
+    """Prometheus remote write: a series without a ``sensor`` label is stored as
+    ``<remote_write_prefix>/<metric>/<label>=<value>/...`` (docs/collect-agent.md)."""

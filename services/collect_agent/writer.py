@@ -88,9 +88,13 @@ class Writer:
     async def run(self) -> None:
         backoff = 0.05
         unknown_failures = 0
+        entries: list[Entry] = []
         while True:
             await self.spool.wait()
-            entries = self.spool.peek(self.batch_readings)
+            if not entries:
+                # A retry sends the same records again, not more: a write whose answer was
+                # lost is then an identical block, which replicated stores drop.
+                entries = self.spool.peek(self.batch_readings)
             try:
                 await self._store(entries, isolate=unknown_failures >= UNKNOWN_ERROR_ATTEMPTS)
             except Exception as exc:
@@ -126,6 +130,7 @@ class Writer:
             backoff = 0.05
             unknown_failures = 0
             await self.spool.release(len(entries))
+            entries = []
 
     async def _store(self, entries: list[Entry], isolate: bool) -> None:
         pending: list[Batch] = []

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
@@ -27,8 +26,6 @@ from services.common.auth import (
     Denied,
     Role,
     check_host_origin,
-    hashed,
-    is_hashed,
     token_from_headers,
 )
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
@@ -118,32 +115,6 @@ def route_role(dependant_calls: list[Callable[..., Any]]) -> Role | None:
 def route_is_public(dependant_calls: list[Callable[..., Any]]) -> bool:
     """Whether a route declared itself public through :func:`public`."""
     return any(getattr(call, "kelvin_public", False) for call in dependant_calls)
-
-
-def bearer(get_token: Callable[[], str | None]) -> Callable[[Request], Coroutine[Any, Any, None]]:
-    """A FastAPI dependency: require ``Authorization: Bearer <token>`` when a token is set.
-
-    Superseded by :func:`requires` (roles); kept only while the pusher's REST API
-    moves to its own router (the pusher helper removes it). The token may be given as
-    its ``sha256:`` verifier (the chart does, so no node holds the admin token).
-    """
-
-    async def check(request: Request) -> None:
-        token = get_token()
-        if not token:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        given = given.strip()
-        probe = hashed(given) if is_hashed(token) else given
-        if scheme.lower() != "bearer" or not hmac.compare_digest(probe.encode(), token.encode()):
-            raise HTTPException(
-                status_code=status.HTTP_401_UNAUTHORIZED,
-                detail="missing or wrong bearer token",
-                headers={"WWW-Authenticate": 'Bearer realm="kelvin"'},
-            )
-
-    return check
 
 
 class BrowserGuard:

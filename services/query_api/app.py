@@ -134,6 +134,7 @@ class QueryApiService(HttpService):
         auth: ServiceAuth | None = None,
     ) -> None:
         self.settings = settings
+        self.profile = profile
         self.auth = auth
         self.wanted_virtual = dict(settings.virtual_sensors)
         if profile == "demo":
@@ -167,6 +168,7 @@ class QueryApiService(HttpService):
         else:
             self._attached()
         self.watcher = asyncio.create_task(self._watch_storage(), name="storage-watch")
+        self._start_rules()  # rules on Kelvin's own metrics work while storage is down
 
     def _attached(self) -> None:
         assert self.storage is not None
@@ -231,7 +233,19 @@ class QueryApiService(HttpService):
             if pending:
                 await asyncio.sleep(self.settings.virtual_retry_s)
 
+    def _start_rules(self) -> None:
+        s = self.settings
+        builtin = s.builtin_rules if s.builtin_rules is not None else self.profile == "demo"
+        if s.rule_files or builtin:
+            from services.query_api.rules.manager import RuleManager
+
+            self.ctx.rules = RuleManager(self.ctx, list(s.rule_files), builtin)
+            self.ctx.rules.start()
+
     async def close(self) -> None:
+        if self.ctx.rules is not None:
+            await self.ctx.rules.stop()
+            self.ctx.rules = None
         if self.watcher is not None:
             self.watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -6,7 +6,7 @@ app exists, so routes reach it through :class:`ApiContext` at request time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.common.errors import RetryableStorageError
 from services.common.metrics import ServiceMetrics
@@ -74,6 +74,8 @@ class ApiContext:
         self._catalog: Catalog | None = None
         self._reader: Reader | None = None
         self.virtual: VirtualSource | None = None
+        self.rules: Any = None
+        """The rule manager (services/query_api/rules), once the service started it."""
         self.readiness: tuple[bool, str] = (storage is not None, "storage not open yet")
         """What ``/readyz`` says: kept current by the service's storage watch."""
         self.configured_virtual: set[str] = set()

@@ -101,6 +101,10 @@ class Reader:
             raise QueryError(f"interval must be positive, got {interval_ns} ns")
         out = []
         for name in await self.resolve(spec):
+            rolled = await self._rolled_up(spec, name, start_ns, end_ns, interval_ns, bucket)
+            if rolled is not None:
+                out.append(rolled)
+                continue
             raw = await self.series(name, start_ns, end_ns)
             if len(raw) > self.max_points:
                 raise QueryError(
@@ -110,6 +114,28 @@ class Reader:
             unit = await self.catalog.unit(name) or ""
             out.append(apply(spec, name, unit, raw, start_ns, interval_ns, bucket))
         return out
+
+    async def _rolled_up(
+        self,
+        spec: Spec,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        interval_ns: int | None,
+        bucket: str,
+    ) -> Result | None:
+        """A plain resample of a stored sensor answered from the backend's rollups, if it
+        has any that fit (same buckets as :func:`operations.aggregate` on the readings)."""
+        if interval_ns is None or spec.operations or spec.input_mod is not None:
+            return None
+        if self.virtual is not None and await self.catalog.virtual(name) is not None:
+            return None
+        got = await self.storage.read_aggregated(name, start_ns, end_ns, interval_ns, bucket)
+        if got is None:
+            return None
+        unit = "" if bucket == "count" else await self.catalog.unit(name) or ""
+        vs, unit = _modify(got.values, unit, spec.output_mod, name)
+        return Result(name, bucket, unit, got.timestamps_ns, np.asarray(vs, dtype=np.float64))
 
 
 def apply(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -67,3 +68,25 @@ class Settings(SectionSettings):
     """Prometheus API: how far back an instant query looks for the latest reading."""
     prometheus_max_series: int = Field(10_000, ge=1)
     """Prometheus API: most series one selector may match."""
+    prometheus_max_samples: int = Field(50_000_000, ge=1000)
+    """Prometheus API: most samples one query may hold at once (Prometheus' ``query.max-samples``)."""
+    rule_files: list[Path] = []
+    """Prometheus-format rule files (recording and alerting rules) the query API evaluates."""
+    builtin_rules: bool | None = None
+    """Also evaluate the shipped hall rules (services/query_api/rules/hall.yaml);
+    None = only under ``kelvin up --demo``."""
+    rule_interval_s: float = Field(60.0, gt=0)
+    """Evaluation interval of groups that set none (Prometheus' ``evaluation_interval``)."""
+    alertmanager_urls: list[str] = []
+    """Alertmanagers to send alerts to (``http://host:9093``; the v2 API). Empty: alerts are
+    only shown (console, ``/prometheus/api/v1/alerts``)."""
+    alert_resend_delay_s: float = Field(60.0, gt=0)
+    """A firing alert is sent again at most this often (Prometheus' ``--rules.alert.resend-delay``)."""
+    external_labels: dict[str, str] = {}
+    """Labels added to every alert sent (``site: dc1``), and ``$externalLabels`` in templates."""
+    external_url: str = "http://127.0.0.1:8080"
+    """How users reach this query API; alerts link back to it."""
+    rules_record_prefix: str = "/kelvin/rules"
+    """Recording rules store their series under this prefix (``<prefix>/<name>/<label>=<value>``)."""
+    self_metrics_retention_s: float = Field(900.0, ge=60)
+    """How long scraped service metrics (collect agent, query API) are kept for rules."""

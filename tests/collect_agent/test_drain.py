@@ -68,7 +68,8 @@ async def until_draining(proc: AgentProcess) -> None:
     """Poll ``/readyz`` of the process until it says it drains, then prove ``/write`` is
     refused with Retry-After."""
     deadline = time.monotonic() + 20
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{proc.http_port}") as http:
+    url = f"http://127.0.0.1:{proc.http_port}"
+    async with httpx.AsyncClient(base_url=url, headers=headers(Role.WRITE)) as http:
         while True:
             r = await http.get("/readyz")
             if r.status_code == 503 and "draining" in r.json()["reason"]:

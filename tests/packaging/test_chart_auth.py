@@ -40,7 +40,8 @@ def test_every_template_of_one_render_sees_the_same_tokens(default: Rendered) ->
     for role in ROLES:
         assert agent[f"KELVIN_AUTH_{role.upper()}_TOKEN"]["value"] == hashed(tokens[role])
     pusher = _env(default, "pusher")
-    assert pusher["KELVIN_PUSHER_TOKEN"]["value"] == hashed(tokens["admin"]), "no node holds it"
+    assert pusher["KELVIN_AUTH_ADMIN_TOKEN"]["value"] == hashed(tokens["admin"]), "no node holds it"
+    assert "KELVIN_PUSHER_TOKEN" not in pusher
     ds = default.get("Secret", "kelvin-grafana-datasource")["stringData"]
     (source,) = yaml.safe_load(ds["kelvin-datasource.yaml"])["datasources"]
     assert source["secureJsonData"]["httpHeaderValue1"] == f"Bearer {tokens['read']}"

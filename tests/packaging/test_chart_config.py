@@ -41,7 +41,7 @@ EXISTING_SECRETS = {
         "write-token": "site-write-token-012345678",
         "admin-token": "site-admin-token-012345678",
     },
-    "influx-compute": {"token": "compute-token"},
+    "clickhouse-kelvin": {"user": "kelvin-ch", "password": "s3cret"},
 }
 """Secrets the ci/ values files name as existingSecret, as a site would create them."""
 
@@ -351,27 +351,25 @@ def test_external_broker_mode(
     assert [p["name"] for p in svc["spec"]["ports"]] == ["http"], "no MQTT port in external mode"
 
 
-def test_sharded_storage_with_credentials_per_shard(
+def test_clickhouse_cluster_storage_with_credentials_from_a_secret(
     chart_values: dict[str, Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rendered = chart_values["sharded-storage"]
-    storage = load_settings(rendered, "collect-agent", tmp_path, monkeypatch)["storage"]
-    assert storage.backend == "sharded"
-    compute, facility = storage.sharded.shards
-    assert (compute.name, compute.influxdb.token, compute.influxdb.password) == (
-        "compute",
-        "compute-token",
-        None,
-    )
-    assert compute.influxdb.timeout_s == 20, "shards inherit storage.influxdb"
-    assert (facility.influxdb.username, facility.influxdb.password) == ("kelvin", "s3cret-facility")
-    assert facility.influxdb.database == "facility" and facility.influxdb.create_database is False
-    assert facility.influxdb.retention_policy == "one_year"
-    assert [(r.prefix, r.shard) for r in storage.sharded.rules] == [
-        ("/dc/rack", "compute"),
-        ("/dc/cooling", "facility"),
-    ]
-    assert storage.sharded.default == "compute"
+    rendered = chart_values["clickhouse-storage"]
+    for component in ("collect-agent", "query-api"):
+        storage = load_settings(rendered, component, tmp_path, monkeypatch)["storage"]
+        assert storage.backend == "clickhouse"
+        ch = storage.clickhouse
+        assert len(ch.urls) == 4 and ch.urls[0].startswith("http://chi-kelvin-kelvin-0-0")
+        assert (ch.cluster, ch.insert_quorum, ch.raw_ttl_s) == ("kelvin", 2, 7776000)
+        assert (ch.username, ch.password) == ("kelvin-ch", "s3cret")
+    deployment = rendered.get("Deployment", "kelvin-query-api")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    password = next(e for e in env if e["name"] == "KELVIN_STORAGE_CLICKHOUSE__PASSWORD")
+    assert password["valueFrom"]["secretKeyRef"] == {
+        "name": "clickhouse-kelvin",
+        "key": "password",
+        "optional": True,
+    }
 
 
 @pytest.fixture(scope="session")

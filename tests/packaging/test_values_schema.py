@@ -28,7 +28,7 @@ def test_bad_values_file_is_refused_naming_each_mistake(chart: ChartRenderer) ->
     message = str(info.value)
     assert "/collectAgent/replicas" in message and "want integer" in message
     assert "/queryApi" in message and "'replica' not allowed" in message
-    assert "/storage/backend" in message and "'influxdb', 'sharded'" in message
+    assert "/storage/backend" in message and "'influxdb', 'clickhouse'" in message
 
 
 def test_install_refuses_bad_values_before_rendering(chart: ChartRenderer) -> None:
@@ -43,7 +43,7 @@ def test_install_refuses_bad_values_before_rendering(chart: ChartRenderer) -> No
         ({"image": {"digest": "sha256:abc"}}, "/image/digest"),
         ({"mqtt": {"mode": "bridge"}}, "/mqtt/mode"),
         ({"queryApi": {"service": {"port": 70000}}}, "/queryApi/service/port"),
-        ({"storage": {"sharded": {"rules": [{"prefix": "dc/row0", "shard": "a"}]}}}, "prefix"),
+        ({"storage": {"clickhouse": {"urls": ["clickhouse:8123"]}}}, "/storage/clickhouse/urls"),
         ({"config": {"colect_agent": {}}}, "/config"),
         ({"pusher": {"livenessProbe": None}}, "at '/pusher': missing property 'livenessProbe'"),
     ],
@@ -57,20 +57,8 @@ def test_schema_refuses(chart: ChartRenderer, values: dict[str, Any], where: str
     ("values", "message"),
     [
         (
-            {"storage": {"backend": "sharded"}},
-            "storage.backend=sharded needs at least one entry in storage.sharded.shards",
-        ),
-        (
-            {
-                "storage": {
-                    "backend": "sharded",
-                    "sharded": {
-                        "shards": [{"name": "a", "url": "http://a:8086"}],
-                        "rules": [{"prefix": "/dc", "shard": "b"}],
-                    },
-                }
-            },
-            'routes /dc to shard "b", which is not in storage.sharded.shards',
+            {"storage": {"backend": "clickhouse"}},
+            "storage.backend=clickhouse needs storage.clickhouse.urls",
         ),
         ({"mqtt": {"mode": "external"}}, "mqtt.mode=external needs mqtt.external.host"),
         ({"storage": {"influxdb": {"url": ""}}}, "storage.influxdb.url is empty"),

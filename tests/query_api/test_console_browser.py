@@ -324,6 +324,28 @@ def test_ingest_health_shows_live_rates(
     assert problems.items == []
 
 
+def test_alerts_view_lists_the_demo_rules_alerts(
+    page: tuple[Any, Problems], demo: KelvinUp, artifacts_dir: Path
+) -> None:
+    """``kelvin up --demo`` evaluates the hall rules; the console shows what they raise."""
+    pg, problems = page
+    pg.goto(f"{demo.console_url}#/alerts")
+    pg.wait_for_function(
+        "() => /rules in 2 groups/.test(document.querySelector('#alerts-status')?.textContent || '')"
+    )
+    alerts = httpx.get(f"{demo.url('query_api')}/prometheus/api/v1/alerts", timeout=10).json()[
+        "data"
+    ]["alerts"]
+    rows = pg.locator("#alerts-table tbody tr")
+    if alerts:
+        expect(rows.first).to_be_visible()
+    else:
+        expect(pg.locator("#alerts-empty")).to_be_visible()
+    assert "firing" in pg.locator("#alerts-badge").inner_text()
+    pg.screenshot(path=str(artifacts_dir / "console-alerts.png"))
+    assert problems.items == []
+
+
 def test_an_insecure_query_api_shows_the_banner(browser: Any, tmp_path: Path) -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "services.cli", "run", "query-api", "--insecure"]

@@ -36,31 +36,20 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- fail "storage.influxdb.url is empty: set it to your InfluxDB (e.g. http://influxdb.monitoring.svc:8086) or set influxdb.enabled=true for the bundled one" -}}
 {{- end -}}
 {{- $_ := set $out "influxdb" (include "kelvin.influxSettings" (dict "v" $s.influxdb "base" $s.influxdb "url" $url) | fromYaml) -}}
-{{- else if eq $s.backend "sharded" -}}
-{{- if not $s.sharded.shards -}}
-{{- fail "storage.backend=sharded needs at least one entry in storage.sharded.shards ({name, url})" -}}
+{{- else if eq $s.backend "clickhouse" -}}
+{{- $c := $s.clickhouse -}}
+{{- if not $c.urls -}}
+{{- fail "storage.backend=clickhouse needs storage.clickhouse.urls (the HTTP endpoints of your ClickHouse nodes, e.g. http://chi-kelvin-kelvin-0-0.clickhouse.svc:8123)" -}}
 {{- end -}}
-{{- $names := list -}}
-{{- $shards := list -}}
-{{- range $i, $shard := $s.sharded.shards -}}
-{{- if or (not $shard.name) (not $shard.url) -}}
-{{- fail (printf "storage.sharded.shards[%d] needs a name and a url" $i) -}}
+{{- $ch := dict "urls" $c.urls "database" $c.database "create_tables" $c.createTables "rollups" $c.rollups "timeout_s" $c.timeoutSeconds "retries" $c.retries -}}
+{{- if $c.cluster -}}
+{{- $_ := set $ch "cluster" $c.cluster -}}
+{{- $_ := set $ch "insert_quorum" $c.insertQuorum -}}
 {{- end -}}
-{{- $names = append $names $shard.name -}}
-{{- $influx := include "kelvin.influxSettings" (dict "v" $shard "base" $s.influxdb "url" $shard.url) | fromYaml -}}
-{{- $shards = append $shards (dict "name" $shard.name "backend" "influxdb" "influxdb" $influx) -}}
+{{- if $c.rawTtlSeconds -}}
+{{- $_ := set $ch "raw_ttl_s" $c.rawTtlSeconds -}}
 {{- end -}}
-{{- range $i, $rule := $s.sharded.rules -}}
-{{- if not (has $rule.shard $names) -}}
-{{- fail (printf "storage.sharded.rules[%d] routes %s to shard %q, which is not in storage.sharded.shards (%s)" $i $rule.prefix $rule.shard (join ", " $names)) -}}
-{{- end -}}
-{{- end -}}
-{{- if and $s.sharded.default (not (has $s.sharded.default $names)) -}}
-{{- fail (printf "storage.sharded.default %q is not in storage.sharded.shards (%s)" $s.sharded.default (join ", " $names)) -}}
-{{- end -}}
-{{- $sharded := dict "shards" $shards "rules" $s.sharded.rules -}}
-{{- with $s.sharded.default }}{{ $_ := set $sharded "default" . }}{{ end -}}
-{{- $_ := set $out "sharded" $sharded -}}
+{{- $_ := set $out "clickhouse" $ch -}}
 {{- end -}}
 {{- toYaml $out -}}
 {{- end }}

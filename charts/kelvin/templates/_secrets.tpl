@@ -31,28 +31,7 @@ One env entry from a Secret key. (dict "root" $ "env" NAME "existing" <secret> "
 {{- end }}
 
 {{/*
-Credentials of shard i as a YAML list of {field, env, existing, key, inline}: the fields
-this shard actually has (a key named for an existing Secret, or an inline value).
-*/}}
-{{- define "kelvin.shardCredentials" -}}
-{{- $auth := .shard.auth | default dict -}}
-{{- $creds := list -}}
-{{- range $field := list "username" "password" "token" -}}
-{{- $key := get $auth (printf "%sKey" $field) | default "" -}}
-{{- $inline := get $auth $field | default "" -}}
-{{- if or (and $auth.existingSecret $key) (and (not $auth.existingSecret) $inline) -}}
-{{- $env := printf "KELVIN_SHARD_%d_%s" (int $.index) (upper $field) -}}
-{{- $creds = append $creds (dict "field" $field "env" $env "existing" ($auth.existingSecret | default "") "key" (ternary $key (printf "shard-%d-%s" (int $.index) $field) (not (empty $auth.existingSecret))) "inline" $inline) -}}
-{{- end -}}
-{{- end -}}
-{{- toYaml $creds -}}
-{{- end }}
-
-{{/*
 Storage credentials for the containers that open storage (collect agent, query API).
-Sharded: the shard list goes in KELVIN_STORAGE_SHARDED__SHARDS as JSON whose
-credentials are $(VAR) references Kubernetes expands from the env entries before
-it, so they must not contain `"` or `\`.
 */}}
 {{- define "kelvin.storageEnv" -}}
 {{- $s := .Values.storage -}}
@@ -61,20 +40,10 @@ it, so they must not contain `"` or `\`.
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_STORAGE_INFLUXDB__USERNAME" "existing" $a.existingSecret "key" $a.usernameKey "inline" $a.username "optional" true) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_STORAGE_INFLUXDB__PASSWORD" "existing" $a.existingSecret "key" $a.passwordKey "inline" $a.password "optional" true) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_STORAGE_INFLUXDB__TOKEN" "existing" $a.existingSecret "key" $a.tokenKey "inline" $a.token "optional" true) }}
-{{- else if eq $s.backend "sharded" }}
-{{- $shards := (include "kelvin.storageConfig" . | fromYaml).sharded.shards }}
-{{- $any := false }}
-{{- range $i, $shard := $s.sharded.shards }}
-{{- range $cred := include "kelvin.shardCredentials" (dict "shard" $shard "index" $i) | fromYamlArray }}
-{{- $any = true }}
-{{- include "kelvin.secretEnv" (dict "root" $ "env" $cred.env "existing" $cred.existing "key" $cred.key "inline" $cred.inline) }}
-{{- $_ := set (index $shards $i).influxdb $cred.field (printf "$(%s)" $cred.env) }}
-{{- end }}
-{{- end }}
-{{- if $any }}
-- name: KELVIN_STORAGE_SHARDED__SHARDS
-  value: {{ toJson $shards | quote }}
-{{- end }}
+{{- else if eq $s.backend "clickhouse" }}
+{{- $a := $s.clickhouse.auth }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_STORAGE_CLICKHOUSE__USERNAME" "existing" $a.existingSecret "key" $a.usernameKey "inline" $a.username "optional" true) }}
+{{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_STORAGE_CLICKHOUSE__PASSWORD" "existing" $a.existingSecret "key" $a.passwordKey "inline" $a.password "optional" true) }}
 {{- end }}
 {{- end }}
 
@@ -113,19 +82,6 @@ it, so they must not contain `"` or `\`.
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
 {{- include "kelvin.authEnv" (dict "root" .) }}
-{{- /* Until the pusher reads the shared auth section itself, its REST API takes the admin
-token's verifier (with an existingSecret, the token itself). */}}
-{{- if eq .Values.auth.mode "token" }}
-- name: KELVIN_PUSHER_TOKEN
-{{- if .Values.auth.existingSecret }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ tpl .Values.auth.existingSecret . | quote }}
-      key: {{ .Values.auth.adminTokenKey | quote }}
-{{- else }}
-  value: {{ printf "sha256:%s" (include "kelvin.generated" (dict "root" . "key" .Values.auth.adminTokenKey) | sha256sum) | quote }}
-{{- end }}
-{{- end }}
 {{- end }}
 
 {{/* The allocator: its token verifiers (it reads the query API: the read token), and the pushers' MQTT login for its decision sensors. */}}
@@ -157,12 +113,10 @@ token's verifier (with an existingSecret, the token itself). */}}
 {{- with $ia.password }}{{ $_ := set $data $ia.passwordKey . }}{{ end -}}
 {{- with $ia.token }}{{ $_ := set $data $ia.tokenKey . }}{{ end -}}
 {{- end -}}
-{{- if eq $v.storage.backend "sharded" -}}
-{{- range $i, $shard := $v.storage.sharded.shards -}}
-{{- range $cred := include "kelvin.shardCredentials" (dict "shard" $shard "index" $i) | fromYamlArray -}}
-{{- if not $cred.existing }}{{ $_ := set $data $cred.key $cred.inline }}{{ end -}}
-{{- end -}}
-{{- end -}}
+{{- $ca := $v.storage.clickhouse.auth -}}
+{{- if and (eq $v.storage.backend "clickhouse") (not $ca.existingSecret) -}}
+{{- with $ca.username }}{{ $_ := set $data $ca.usernameKey . }}{{ end -}}
+{{- with $ca.password }}{{ $_ := set $data $ca.passwordKey . }}{{ end -}}
 {{- end -}}
 {{- $m := $v.mqtt -}}
 {{- if eq $m.mode "external" -}}

@@ -39,16 +39,16 @@ def _influxdb(settings: StorageSettings, registry: CollectorRegistry | None) -> 
     return InfluxStorage(settings.influxdb, registry)
 
 
-def _sharded(settings: StorageSettings, registry: CollectorRegistry | None) -> StorageBackend:
-    from services.common.storage.sharded import ShardedStorage
+def _clickhouse(settings: StorageSettings, registry: CollectorRegistry | None) -> StorageBackend:
+    from services.common.storage.clickhouse import ClickHouseStorage
 
-    return ShardedStorage(settings.sharded, registry)
+    return ClickHouseStorage(settings.clickhouse, registry)
 
 
 BACKENDS: dict[str, Factory] = {
     "sqlite": _sqlite,
     "influxdb": _influxdb,
-    "sharded": _sharded,
+    "clickhouse": _clickhouse,
 }
 """Backend name -> factory. Backends import lazily so unused drivers never load."""
 

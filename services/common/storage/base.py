@@ -1,4 +1,4 @@
-"""The storage protocol every backend implements (SQLite, InfluxDB, sharded).
+"""The storage protocol every backend implements (SQLite, InfluxDB, ClickHouse).
 
 All methods are async. Times are int64 ns since the epoch; ranges are
 half-open ``[start_ns, end_ns)`` (so a reading at int64's largest value, which
@@ -118,6 +118,17 @@ class StorageBackend(ABC):
     @abstractmethod
     async def latest(self, sensor: str) -> tuple[int, float] | None:
         """The newest stored reading of a sensor, or None."""
+
+    async def read_aggregated(
+        self, sensor: str, start_ns: int, end_ns: int, interval_ns: int, op: str
+    ) -> Series | None:
+        """Buckets of ``interval_ns`` (aligned to the epoch) of ``op`` (min, max, avg,
+        sum, count; NaN left out, empty buckets omitted) over ``[start_ns, end_ns)``
+        from pre-aggregated data, or None when the backend has none that answers
+        exactly this (the caller then reads and resamples the raw readings).
+
+        Optional: backends without rollups keep this default."""
+        return None
 
     # ------------------------------------------------------------------ hierarchy
     @abstractmethod

@@ -3,7 +3,7 @@
 A backend lives inside a service (collect agent, query API, a CLI command),
 so it registers its metrics in that service's registry when given one. Every
 backend in one registry shares one :class:`StorageMetrics` (labels tell them
-apart), so the sharded backend and its shards never register a name twice.
+apart), so several backends in one process never register a name twice.
 """
 
 from __future__ import annotations

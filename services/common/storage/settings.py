@@ -81,32 +81,64 @@ class InfluxSettings(BaseModel):
     """How long the write log behind ``modified_since`` is kept (pruned by retention)."""
 
 
-class ShardSettings(BaseModel):
-    """One shard of the sharded backend: a named SQLite or InfluxDB backend."""
+class ClickHouseSettings(BaseModel):
+    """A ClickHouse server, or a cluster of them (replicated, sharded)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    backend: Literal["sqlite", "influxdb"] = "influxdb"
-    sqlite: SqliteSettings = SqliteSettings()
-    influxdb: InfluxSettings = InfluxSettings()
-
-
-class ShardRule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prefix: str
-    """Hierarchy prefix, e.g. ``/dc/row0``; the longest matching prefix wins."""
-    shard: str
-
-
-class ShardedSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    shards: list[ShardSettings] = []
-    rules: list[ShardRule] = []
-    default: str | None = None
-    """Shard for sensors no rule matches; None = the first shard."""
+    urls: list[str] = ["http://127.0.0.1:8123"]
+    """HTTP endpoints (``http(s)://host:8123``). Several: any node of the cluster,
+    tried in order (the next one when a node is down)."""
+    database: str = "kelvin"
+    """Database holding every Kelvin table (created on open with ``create_tables``)."""
+    cluster: str | None = None
+    """Name of the cluster in the servers' ``<remote_servers>``: tables are
+    ``Replicated*MergeTree`` on every node plus a ``Distributed`` table over them.
+    None = one server, plain ``*MergeTree`` tables."""
+    username: str = "default"
+    """ClickHouse user (sent as ``X-ClickHouse-User``)."""
+    password: str = ""
+    """Its password (``X-ClickHouse-Key``); prefer ``KELVIN_STORAGE_CLICKHOUSE__PASSWORD``."""
+    create_tables: bool = True
+    """Create the database and tables on open (``ON CLUSTER`` in cluster mode);
+    False = only check that they exist (a DBA created them)."""
+    table: str = "readings"
+    """Readings table; the catalog tables are ``<table>_meta``, ``_vdef``,
+    ``_vpoints``, ``_vranges``, ``_jobs``, ``_writes``, ``_state``, the rollups
+    ``<table>_1m`` and ``<table>_1h`` (cluster mode: each ``..._local`` + Distributed)."""
+    zookeeper_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
+    """Replicated tables' ZooKeeper path (``{shard}`` is the server's macro)."""
+    replica_name: str = "{replica}"
+    """Replica name of the replicated tables (``{replica}`` is the server's macro)."""
+    insert_quorum: int = Field(0, ge=0)
+    """Cluster mode: replicas that must hold an insert before it is acknowledged
+    (0 = no quorum; 2 = an acknowledged write survives the loss of one replica)."""
+    insert_quorum_timeout_s: float = Field(60.0, gt=0)
+    """How long an insert waits for its quorum before failing (retryably)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """HTTP timeout of one request."""
+    retries: int = Field(3, ge=0)
+    """Attempts of a retryable failure (on the next URL) before RetryableStorageError."""
+    backoff_s: float = Field(0.1, gt=0)
+    """First wait before a retry; doubles each attempt (with jitter)."""
+    backoff_max_s: float = Field(2.0, gt=0)
+    """Longest wait between two attempts."""
+    insert_rows: int = Field(1_000_000, ge=1_000)
+    """Readings per INSERT request (a larger batch goes out in several)."""
+    concurrency: int = Field(4, ge=1, le=64)
+    """Requests in flight at once for multi-sensor reads."""
+    raw_ttl_s: float | None = Field(None, gt=0)
+    """Keep raw readings this long (table TTL where the server supports it, else
+    deleted by ``apply_retention``); None = forever. The rollups stay."""
+    rollups: bool = True
+    """Per-minute and per-hour min/max/sum/count tables kept by materialized views;
+    resampled reads use them when the step allows."""
+    rollup_ttl_s: float | None = Field(None, gt=0)
+    """Keep the per-minute rollup this long (the hourly one is kept forever); None = forever."""
+    modified_log_s: float = Field(86_400.0, gt=0)
+    """How long the write log behind ``modified_since`` is kept."""
+    mutation_timeout_s: float = Field(120.0, gt=0)
+    """How long a delete waits for the server to finish its mutation."""
 
 
 class StorageSettings(SectionSettings):
@@ -115,7 +147,7 @@ class StorageSettings(SectionSettings):
     section: ClassVar[str] = "storage"
     model_config = SettingsConfigDict(env_prefix="KELVIN_STORAGE_")
 
-    backend: Literal["sqlite", "influxdb", "sharded"] = "sqlite"
+    backend: Literal["sqlite", "influxdb", "clickhouse"] = "sqlite"
     sqlite: SqliteSettings = SqliteSettings()
     influxdb: InfluxSettings = InfluxSettings()
-    sharded: ShardedSettings = ShardedSettings()
+    clickhouse: ClickHouseSettings = ClickHouseSettings()

@@ -17,20 +17,24 @@ import pytest
 
 from services.common.storage import BACKENDS as REGISTRY
 from services.common.storage import StorageBackend, StorageSettings, create_storage
+from tests.support.clickhouse import (  # noqa: F401 (session fixtures)
+    ClickHouse,
+    clickhouse_cluster,
+    clickhouse_server,
+)
 from tests.support.influxdb import InfluxDB
 
 _db_ids = itertools.count()
 
-BACKENDS = [k for k in ("sqlite", "influxdb", "sharded") if k in REGISTRY]
+BACKENDS = [k for k in ("sqlite", "influxdb", "clickhouse") if k in REGISTRY]
 
 
 @pytest.fixture(scope="session")
 def influx_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[InfluxDB]]:
-    """Two real influxd processes (the sharded backend uses both)."""
+    """A real influxd process."""
     servers: list[InfluxDB] = []
     try:
-        for _ in range(2):
-            servers.append(InfluxDB(tmp_path_factory.mktemp("influxdb")).start())
+        servers.append(InfluxDB(tmp_path_factory.mktemp("influxdb")).start())
         yield servers
     finally:
         for s in servers:
@@ -70,37 +74,21 @@ def shrink_sqlite(backend: StorageBackend) -> None:
     )
 
 
-def storage_settings(
-    kind: str, tmp_path: Path, servers: Callable[[], list[InfluxDB]]
-) -> StorageSettings:
+def storage_settings(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StorageSettings:
     if kind == "sqlite":
         return StorageSettings(backend="sqlite", sqlite={"path": tmp_path / "kelvin.sqlite"})
     db = f"test_{next(_db_ids)}"
     if kind == "influxdb":
-        return StorageSettings(backend="influxdb", influxdb=servers()[0].settings(db))
-    a, b = servers()
-    return StorageSettings(
-        backend="sharded",
-        sharded={
-            "shards": [
-                {"name": "a", "backend": "influxdb", "influxdb": a.settings(db).model_dump()},
-                {"name": "b", "backend": "influxdb", "influxdb": b.settings(db).model_dump()},
-            ],
-            # /dc/row1 and everything under /x go to shard b, the rest to a.
-            "rules": [{"prefix": "/dc/row1", "shard": "b"}, {"prefix": "/x", "shard": "b"}],
-            "default": "a",
-        },
-    )
+        servers: list[InfluxDB] = request.getfixturevalue("influx_servers")
+        return StorageSettings(backend="influxdb", influxdb=servers[0].settings(db))
+    server: ClickHouse = request.getfixturevalue("clickhouse_server")
+    return StorageSettings(backend="clickhouse", clickhouse=server.settings(db))
 
 
 @pytest.fixture(params=BACKENDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     kind = request.param
-
-    def servers() -> list[InfluxDB]:
-        return request.getfixturevalue("influx_servers")  # type: ignore[no-any-return]
-
-    settings = storage_settings(kind, tmp_path, servers)
+    settings = storage_settings(kind, tmp_path, request)
     s = Store(kind, lambda: create_storage(settings))
     try:
         yield s

@@ -3,7 +3,8 @@
 Each backend fails where it really can: SQLite inside the write transaction
 (after the batch is staged, before the commit), InfluxDB on the wire (the
 connection drops after the first line-protocol request of a batch), the
-sharded backend on its second shard.
+ClickHouse on the wire too (every readings INSERT after the first of a batch,
+which goes out in requests of 10 rows, loses its connection).
 """
 
 from __future__ import annotations
@@ -46,11 +47,8 @@ def _inject(backend: StorageBackend, m: pytest.MonkeyPatch) -> None:
         assert isinstance(backend, InfluxStorage)
         _drop_after_first_request(backend, m)
         return
-    if backend.kind == "sharded":
-        from services.common.storage.sharded import ShardedStorage
-
-        assert isinstance(backend, ShardedStorage)
-        _inject(backend.shards["b"], m)
+    if backend.kind == "clickhouse":
+        _drop_clickhouse_inserts_after_first(backend, m)
         return
     raise AssertionError(f"no failure injection for backend {backend.kind!r}")
 
@@ -78,3 +76,26 @@ def _drop_after_first_request(backend: Any, m: pytest.MonkeyPatch) -> None:
         return await real(method, url, **kw)
 
     m.setattr(client, "request", flaky)
+
+
+def _drop_clickhouse_inserts_after_first(backend: Any, m: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    http = backend.http
+    m.setattr(http, "settings", http.settings.model_copy(update={"retries": 1, "backoff_s": 0.001}))
+    m.setattr(backend, "settings", backend.settings.model_copy(update={"insert_rows": 10}))
+    table = backend.schema.name()
+    calls = {"insert": 0}
+    for client in http.clients:
+        real = client.post
+
+        async def flaky(url: str, *, real: Any = real, **kw: Any) -> httpx.Response:
+            if kw.get("params", {}).get("query", "").startswith(f"INSERT INTO {table} "):
+                calls["insert"] += 1
+                if calls["insert"] > 1:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response"
+                    )
+            return await real(url, **kw)
+
+        m.setattr(client, "post", flaky)

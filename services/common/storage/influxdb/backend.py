@@ -29,15 +29,14 @@ from prometheus_client import CollectorRegistry
 from services.common import names
 from services.common.errors import PermanentStorageError, StorageError
 from services.common.logs import mask_url
-from services.common.readings import Batch, Float64Array, Int64Array, Series
-from services.common.sensors import JobRecord, SensorMetadata
+from services.common.readings import Batch, Int64Array, Series
 from services.common.storage.base import (
     Child,
     StorageBackend,
-    VirtualResults,
     check_names,
     children_of,
 )
+from services.common.storage.delegated import CatalogMethods
 from services.common.storage.influxdb import catalog as ic
 from services.common.storage.influxdb.catalog import InfluxCatalog
 from services.common.storage.influxdb.http import InfluxHttp, rows
@@ -62,7 +61,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class InfluxStorage(StorageBackend):
+class InfluxStorage(CatalogMethods[InfluxCatalog], StorageBackend):
     """InfluxDB backend (see module docstring)."""
 
     kind: ClassVar[str] = "influxdb"
@@ -264,48 +263,6 @@ class InfluxStorage(StorageBackend):
     async def children(self, prefix: str = "/") -> list[Child]:
         return children_of(await self.sensors(prefix), prefix)
 
-    # ------------------------------------------------------------------ metadata
-    async def get_metadata(self, sensor: str) -> SensorMetadata | None:
-        return await self.catalog.get_metadata(sensor)
-
-    async def put_metadata(self, meta: SensorMetadata) -> None:
-        await self.catalog.put_metadata(meta)
-
-    async def list_metadata(self, prefix: str = "/") -> list[SensorMetadata]:
-        return await self.catalog.list_metadata(prefix)
-
-    # ------------------------------------------------------------------ virtual sensors
-    async def put_virtual(self, name: str, definition: dict[str, Any]) -> None:
-        await self.catalog.put_virtual(name, definition)
-
-    async def get_virtual(self, name: str) -> dict[str, Any] | None:
-        return await self.catalog.get_virtual(name)
-
-    async def list_virtual(self) -> dict[str, dict[str, Any]]:
-        return await self.catalog.list_virtual()
-
-    async def delete_virtual(self, name: str) -> bool:
-        return await self.catalog.delete_virtual(name)
-
-    async def write_virtual_results(
-        self,
-        name: str,
-        start_ns: int,
-        end_ns: int,
-        timestamps_ns: Int64Array,
-        values: Float64Array,
-        computed_at_ns: int,
-    ) -> None:
-        await self.catalog.write_virtual_results(
-            name, start_ns, end_ns, timestamps_ns, values, computed_at_ns
-        )
-
-    async def read_virtual_results(self, name: str, start_ns: int, end_ns: int) -> VirtualResults:
-        return await self.catalog.read_virtual_results(name, start_ns, end_ns)
-
-    async def invalidate_virtual(self, name: str, start_ns: int, end_ns: int) -> None:
-        await self.catalog.drop_virtual(name, start_ns, end_ns)
-
     async def modified_since(self, sensors: Sequence[str], since_ns: int) -> dict[str, int]:
         res = await self.http.query(
             f'SELECT "base_min", "bloom", "late" FROM {self.catalog.data("writes")} '
@@ -329,15 +286,6 @@ class InfluxStorage(StorageBackend):
         )
         found = rows(res)
         return int(found[0][1]["time"]) if found else None
-
-    # ------------------------------------------------------------------ jobs
-    async def put_job(self, job: JobRecord) -> None:
-        await self.catalog.put_job(job)
-
-    async def jobs(
-        self, start_ns: int | None = None, end_ns: int | None = None, node: str | None = None
-    ) -> list[JobRecord]:
-        return await self.catalog.jobs(start_ns, end_ns, node)
 
     # ------------------------------------------------------------------ retention
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:

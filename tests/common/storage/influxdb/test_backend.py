@@ -188,8 +188,8 @@ def test_parse_csv_edges() -> None:
 
 
 def test_launcher_moves_every_port(influx_servers: list[InfluxDB]) -> None:
-    a, b = influx_servers
-    assert len({a.port, a.rpc_port, b.port, b.rpc_port, 8086, 8088}) == 6
+    (a,) = influx_servers
+    assert len({a.port, a.rpc_port, 8086, 8088}) == 4
     conf = Path(a.log_path).with_name("influxdb.conf").read_text()
     assert f'bind-address = "127.0.0.1:{a.rpc_port}"' in conf
     assert "reporting-enabled = false" in conf

@@ -1,6 +1,7 @@
 // Console entry point: wires the views together, routes on the address bar's #fragment.
 import { ALLOCATOR, authState, getJSON, setToken, token } from "./api.js";
 import { Poller } from "./util.js";
+import { AlertsView } from "./alerts.js";
 import { ChartPanel } from "./chart.js";
 import { HallView } from "./hall.js";
 import { IngestView } from "./ingest.js";
@@ -8,7 +9,7 @@ import { SensorTree } from "./tree.js";
 import { VirtualView } from "./virtual.js";
 
 const $ = (id) => document.getElementById(id);
-const VIEWS = ["charts", "hall", "virtual", "ingest"];
+const VIEWS = ["charts", "hall", "virtual", "ingest", "alerts"];
 const TREE_REFRESH_MS = 15000;
 const TREE_EMPTY_RETRY_MS = 2000; // a fresh installation: show the first sensors as they arrive
 
@@ -50,6 +51,11 @@ const ingest = new IngestView({
   rejects: $("ingest-rejects"), chart: $("ingest-chart"),
 });
 
+const alerts = new AlertsView({
+  badge: $("alerts-badge"), status: $("alerts-status"), table: $("alerts-table"),
+  empty: $("alerts-empty"), rules: $("alerts-rules"),
+});
+
 function writeHash() {
   const st = chart.state();
   const q = new URLSearchParams();
@@ -86,6 +92,7 @@ function route() {
   hall.setVisible(view === "hall");
   virtual.setVisible(view === "virtual");
   ingest.setVisible(view === "ingest");
+  alerts.setVisible(view === "alerts");
   if (view === "charts") writeHash();
 }
 
