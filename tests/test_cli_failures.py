@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,16 @@ PORT_FLAGS = (
     "--query-api-port",
     "--allocator-port",
 )
+
+
+@pytest.fixture(autouse=True)
+def _own_logging() -> Iterator[None]:
+    """``kelvin run``/``up`` set up logging on the captured stderr: undo it for later tests."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
