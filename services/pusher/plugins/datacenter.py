@@ -20,7 +20,10 @@ the redline. Sensor noise is added and the plugin publishes:
   calibration reads power and inlet);
 * ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the CRAC's
   power: the heat the air carries back over the CoP at the supply) and
-  ``/hall/supply_temp`` (°C, the CRAC's supply air) with ``totals: true``.
+  ``/hall/supply_temp`` (°C, the CRAC's supply air) with ``totals: true``;
+* ``/hall/policy/<policy>/...`` every 5 s with ``ledger: true``: what the
+  hall drew and spent under each placement policy
+  (:mod:`services.pusher.plugins.datacenter_ledger`).
 
 The hall is the reference hall or a hall file (``hall_file``), i.e. the "true"
 physics; the allocator may hold a calibrated model of it. When the allocator
@@ -44,6 +47,7 @@ from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array
 from services.common.schema import Field
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
+from services.pusher.plugins import datacenter_ledger as ledger
 from services.pusher.plugins.base import (
     Group,
     GroupOptions,
@@ -90,6 +94,11 @@ class DatacenterConfig(PluginConfig):
     totals: bool = True
     outlets: bool = True
     """Also publish every node's outlet temperature."""
+    ledger: bool = True
+    """Book IT and cooling energy and time over the redline per placement policy, kept in
+    the pusher's state directory (``/hall/policy/<policy>/...``, every ``ledger_interval_ms``)."""
+    ledger_interval_ms: int = Field(5000, ge=250)
+    """How often the per-policy totals are published and saved (ms)."""
     time_constant_s: float = Field(Physics.time_constant_s, ge=0)
     """Thermal lag: a node's heat output follows its power with this time constant (s; 0 = none)."""
     supply_min_c: float = Physics.supply_min_c
@@ -120,6 +129,8 @@ class Placement:
     present: npt.NDArray[np.bool_]
     busy: npt.NDArray[np.bool_]
     jobs: list[str | None]
+    policy: str | None = None
+    """The allocator's placement policy."""
 
     @classmethod
     def idle(cls, hall: Hall) -> Placement:
@@ -158,7 +169,14 @@ def parse_placement(hall: Hall, doc: Any) -> Placement:
         except (KeyError, TypeError, ValueError) as exc:
             raise KelvinError(f"allocator hall document: bad node entry {node!r}") from exc
     powers = np.where(np.isnan(power), hall.powers_w(busy), power)
-    return Placement(np.where(present, powers, 0.0), present, busy & present, jobs)
+    policy = doc.get("policy")
+    return Placement(
+        np.where(present, powers, 0.0),
+        present,
+        busy & present,
+        jobs,
+        policy if isinstance(policy, str) else None,
+    )
 
 
 class HallGroup(Group):
@@ -261,7 +279,17 @@ class DatacenterPlugin(Plugin):
                 Sensor(f"{prefix}/cooling_power", sopts, "W", integrable=True),
                 Sensor(f"{prefix}/supply_temp", sopts, "°C"),
             ]
-        return [HallGroup("hall", sensors, opts, self)]
+        groups: list[Group] = [HallGroup("hall", sensors, opts, self)]
+        self.ledger: ledger.Ledger | None = None
+        self.last_s: float | None = None
+        if cfg.ledger:
+            self.ledger = ledger.Ledger(
+                self.context.state_dir / f"{self.context.instance}-ledger.json"
+            )
+            lopts = self.group_options(interval_ms=cfg.ledger_interval_ms, timeout_ms=None)
+            books = ledger.sensors(prefix, self.sensor_options(lopts))
+            groups.append(ledger.LedgerGroup("ledger", books, lopts, self.ledger))
+        return groups
 
     def measure(self, timestamp_ns: int) -> Float64Array:
         """One noisy measurement of the hall at ``timestamp_ns`` for the current placement."""
@@ -278,6 +306,11 @@ class DatacenterPlugin(Plugin):
             inlet = inlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
             if cfg.outlets:
                 outlet = outlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
+        if self.ledger is not None:
+            over = int((hall.inlet_c[pl.present] > self.hall.redline_c).sum())
+            dt = 0.0 if self.last_s is None else now_s - self.last_s
+            self.ledger.add(pl.policy, dt, float(true_w.sum()), hall.cooling_w, over)
+        self.last_s = now_s if self.last_s is None else max(self.last_s, now_s)
         absent = ~pl.present
         parts = [np.where(absent, np.nan, power), np.where(absent, np.nan, inlet)]
         if cfg.outlets:

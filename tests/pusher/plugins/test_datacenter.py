@@ -11,6 +11,10 @@ import pytest
 
 from services.common.hall_physics import lagged
 from services.common.thermal import node_sensor, reference_hall
+from services.pusher.config import validate_section
+from services.pusher.plugins.base import PluginContext, SensorOptions
+from services.pusher.plugins.datacenter import DatacenterPlugin
+from services.pusher.plugins.datacenter_ledger import sensors as _ledger_sensors
 from tests.pusher.conftest import (
     Collector,
     JsonServer,
@@ -22,7 +26,13 @@ from tests.pusher.conftest import (
 from tests.support.servers import Mosquitto
 
 HALL = reference_hall()
-STEADY = {"phases": "off", "busy_jitter": 0, "idle_jitter": 0}
+
+
+def ledger_sensors(prefix: str) -> list[Any]:
+    return _ledger_sensors(prefix, SensorOptions())
+
+
+STEADY = {"phases": "off", "busy_jitter": 0, "idle_jitter": 0, "ledger": False}
 """Every node draws the allocator's average power: the thermal model alone."""
 
 
@@ -106,6 +116,7 @@ async def test_every_sample_is_a_new_power_vector_and_its_own_inlets(
     """Phases and jitter move the powers between samples; the inlets follow the same powers."""
     allocator.doc = hall_doc(busy=set(range(8)), power_w=dict.fromkeys(range(8), 3340.0))
     section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0, "seed": 3}
+    section["ledger"] = False
     plugin, (group,) = await build_plugin("datacenter", section)
     assert group.options.interval_ms == 250
     n = HALL.n_nodes
@@ -187,3 +198,41 @@ async def test_the_hall_has_thermal_mass_and_a_rate_limited_crac(allocator: Json
     assert hottest[-1] == pytest.approx(12.0 + final.max(), abs=0.05) and hottest[-1] > 30
     assert t_s[np.argmax(supply <= 12.5)] > 20  # it took the CRAC a while to get there
     await plugin.close()
+
+
+async def test_the_ledger_books_each_policy_and_keeps_its_totals(
+    allocator: JsonServer, tmp_path: Path
+) -> None:
+    """Two runs with different policies: each policy's energy, cooling and time over the
+    redline add up, and a restart (same state directory) carries on from the saved totals."""
+    section = {"allocator_url": allocator.url, "noise_power_w": 0, "noise_temp_c": 0, **STEADY}
+    section["ledger"] = True
+
+    async def run(policy: str, busy: set[int], seconds: int) -> tuple[Any, list[Any]]:
+        allocator.doc = {**hall_doc(busy=busy, power_w={}), "policy": policy}
+        _, cfg = validate_section("datacenter", section, "test")
+        ctx = PluginContext("datacenter", "/t/datacenter", "/t", tmp_path, allocator.url)
+        plugin = DatacenterPlugin(cfg, ctx)
+        hall_group, books = await plugin.build()
+        rows = [await hall_group.read_async(k * 250_000_000) for k in range(4 * seconds + 1)]
+        values = by_name(books, books.read(0))
+        await plugin.close()
+        return values, rows
+
+    first, rows = await run("joint", set(), 10)
+    it_kwh = HALL.powers_w(np.zeros(40)).sum() * 10 / 3.6e6
+    assert first["/hall/policy/joint/it_energy"] == pytest.approx(it_kwh)
+    cooling = np.array([r[-2] for r in rows[1:]])  # W, each held 250 ms
+    assert first["/hall/policy/joint/cooling_energy"] == pytest.approx(cooling.sum() * 0.25 / 3.6e6)
+    assert first["/hall/policy/joint/run_time"] == pytest.approx(10.0)
+    assert first["/hall/policy/random/run_time"] == 0.0
+    # row 1 fully busy: more than the CRAC can keep under the redline once the heat is up
+    second, rows = await run("random", set(range(20, 40)), 120)
+    assert second["/hall/policy/joint/it_energy"] == pytest.approx(it_kwh)  # kept from run 1
+    assert second["/hall/policy/random/run_time"] == pytest.approx(120.0)
+    over = np.array([(r[40:80] > HALL.redline_c).sum() for r in rows[1:]]) * 0.25
+    assert second["/hall/policy/random/over_redline"] == pytest.approx(over.sum(), abs=1.0)
+    assert second["/hall/policy/random/over_redline"] > 0
+    units = {s.name: s.unit for s in ledger_sensors("/hall")}
+    assert units["/hall/policy/mpit/cooling_energy"] == "kWh"
+    assert units["/hall/policy/mpit/over_redline"] == "s"
