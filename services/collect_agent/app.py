@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.collect_agent import self_sensors
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
@@ -49,6 +50,7 @@ class CollectAgent(HttpService):
     ) -> None:
         """``storage`` overrides the configured backend (tests wrap one to make it fail)."""
         self.settings = settings
+        self.profile = config.profile
         self.storage_settings = config.load(StorageSettings)
         self.metrics = AgentMetrics()
         self.cache = (
@@ -152,6 +154,11 @@ class CollectAgent(HttpService):
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
+        every = self_sensors.interval_s(s.self_sensors_s, self.profile)
+        if every > 0:
+            prefix = s.self_sensors_prefix or self_sensors.default_prefix()
+            own = self_sensors.run(self, prefix, every)
+            self._tasks.append(asyncio.create_task(own, name="self-sensors"))
         await self._await_scales()
         if s.mqtt_enabled:
             self.mqtt = MqttServer(
