@@ -145,6 +145,7 @@ class QueryApiService(HttpService):
         self.metrics = ServiceMetrics("query_api")
         self.ctx = ApiContext(settings, self.metrics, auth=auth)
         self.ctx.configured_virtual = set(self.wanted_virtual)
+        self.ctx.profile = profile
         super().__init__(
             "query-api",
             create_app(settings, self.metrics, self.ctx, auth),

@@ -56,6 +56,7 @@ def router(ctx: ApiContext) -> APIRouter:
         defn = dict(await ctx.catalog.virtual(full) or {})
         defn["dependents"] = await engine().dependents(full)
         defn["lead_steps"] = comp.lead
+        defn["configured"] = full in ctx.configured_virtual  # defined again at every start
         return defn
 
     @r.put(
