@@ -108,7 +108,7 @@ class Settings(SectionSettings):
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
     sensor_map: dict[str, Any] | None = None
-    """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...}, read by calibration and shown by the console's hall view; None = the default node sensors."""
+    """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...} (and the hall's {supply_temp: NAME}), read by calibration and shown by the console's hall view; None = the default node sensors."""
     job_stream: JobStream = JobStream()
     """The seeded demo job generator."""
     reliability: Reliability = Reliability()
