@@ -9,7 +9,10 @@
 
 Inserts: batches of 10k readings, spread over 10k sensors (one reading each)
 and over 10 sensors (1000 each); Kelvin's figure includes compacting
-everything it staged. Reads: one sensor, 1M points (best of 3).
+everything it staged. Beside the row-per-reading reference, the physical limit
+of Kelvin's layout: the same readings as blob rows in plain sqlite3
+(benchmarks/limits.py). Reads: one sensor, 1M points (best of 3). Other
+backends' modules add their cases to ``CASES``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import limits
 from services.common.readings import Batch
 from services.common.storage import chunks
 from services.common.storage.influxdb import InfluxStorage
@@ -145,6 +149,19 @@ def sqlite_cases(tmp: Path, n_insert: int, n_read: int) -> list[Row]:
         r = rate(n_insert, raw_sqlite_insert, tmp / f"r{sensors}.db", data)
         goal = ">= 500k/s" if sensors == 10_000 else ""
         rows.append(Row("SQLite", f"insert, {label}, batches of 10k", k, r, "executemany", goal))
+        ts = np.concatenate([b.timestamps_ns for b in data])
+        vs = np.concatenate([b.values for b in data])
+        blob = limits.blob_inserts(tmp / f"blob{sensors}.db", ts, vs)
+        rows.append(
+            Row(
+                "SQLite",
+                f"insert, {label}: the layout's limit",
+                k,
+                blob,
+                "blob rows, plain sqlite3",
+                "",
+            )
+        )
     one = list(batches(n_read, 1))
     for enc, name in ((chunks.ZLIB, "zlib (default)"), (chunks.RAW, "raw")):
         db = tmp / f"read-{enc}.db"
@@ -284,14 +301,27 @@ def _fmt(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
 
 
+CASES: list[Callable[[Path, bool], list[Row]]] = [
+    lambda tmp, quick: sqlite_cases(
+        tmp, *((200_000, 100_000) if quick else (2_000_000, 1_000_000))
+    ),
+    lambda tmp, quick: influx_cases(
+        tmp, *((100_000, 100_000) if quick else (1_000_000, 1_000_000))
+    ),
+]
+"""Each backend's cases (its own temporary directory, quick or not): a module appends its own."""
+
+
 def main(quick: bool) -> str:
     n_insert = 200_000 if quick else 2_000_000
     n_read = 100_000 if quick else 1_000_000
     influx_insert = 100_000 if quick else 1_000_000
     with tempfile.TemporaryDirectory(prefix="kelvin-bench-storage-") as d:
         tmp = Path(d)
-        rows = sqlite_cases(tmp, n_insert, n_read)
-        rows += influx_cases(tmp, influx_insert, n_read)
+        rows: list[Row] = []
+        for i, case in enumerate(CASES):
+            (tmp / str(i)).mkdir()
+            rows += case(tmp / str(i), quick)
     lines = [
         "| backend | case | Kelvin | reference | reference is | Kelvin / ref | goal |",
         "|---|---|---:|---:|---|---:|---|",

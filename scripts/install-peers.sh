@@ -8,6 +8,7 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/
 have mosquitto || need+=(mosquitto)
 have mosquitto_pub || need+=(mosquitto-clients)
 have influxd || need+=(influxdb)
+have victoria-metrics || need+=(victoria-metrics)
 have prometheus || need+=(prometheus)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
 have prometheus-alertmanager || need+=(prometheus-alertmanager)  # alert rules (issue 15)

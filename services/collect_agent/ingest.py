@@ -392,31 +392,7 @@ class Ingestor:
         self.metrics.commit_seconds.observe(time.perf_counter() - g.started)
         self._flush_rejects(g)
         if self.cache is not None and n:
-            cache_batch(self.cache, batch)
+            self.cache.put_batch(batch)
         self.check_pressure()
         async with self._committed:
             self._committed.notify_all()
-
-
-def cache_batch(cache: SensorCache, batch: Batch) -> None:
-    """Put a group into the sensor cache with one ``put`` per distinct sensor.
-
-    A group of single-reading DCDB messages holds the same few thousand sensors
-    many times over; merging them first (stable, so arrival order is kept)
-    turns tens of thousands of small ring writes into one per sensor.
-    """
-    index: dict[str, int] = {}
-    codes = np.fromiter(
-        (index.setdefault(s, len(index)) for s in batch.sensors),
-        dtype=np.int64,
-        count=batch.series_count,
-    )
-    if len(index) * 2 > batch.series_count:
-        cache.put_batch(batch)
-        return
-    per_reading = np.repeat(codes, batch.counts)
-    order = np.argsort(per_reading, kind="stable")
-    ts, vs = batch.timestamps_ns[order], batch.values[order]
-    bounds = np.searchsorted(per_reading[order], np.arange(len(index) + 1)).tolist()
-    for j, name in enumerate(index):
-        cache.put(name, ts[bounds[j] : bounds[j + 1]], vs[bounds[j] : bounds[j + 1]])

@@ -8,16 +8,13 @@ the ways Telegraf sends it: ``Authorization: Bearer|Token``, HTTP Basic password
 
 from __future__ import annotations
 
-import asyncio
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from services.collect_agent import line_protocol, remote_write
-from services.collect_agent.spool import SpoolError
+from services.collect_agent import http_ingest, line_protocol, remote_write
 from services.common import names
 from services.common.auth import Role
 from services.common.errors import NotFoundError, SensorNameError, TimeSpecError
@@ -28,35 +25,12 @@ if TYPE_CHECKING:
     from services.collect_agent.app import CollectAgent
 
 INFLUX_VERSION = "1.8.10-kelvin"
-ADMIT_TIMEOUT_S = 10.0
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"body of {declared} bytes exceeds max_payload_bytes={limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"body exceeds max_payload_bytes={limit}")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if request.headers.get("content-encoding", "").lower() == "gzip":
-        d = zlib.decompressobj(wbits=31)
-        try:
-            body = d.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise HTTPException(400, f"gzip body does not decompress: {exc}") from exc
-        if len(body) > limit or d.unconsumed_tail:
-            raise HTTPException(413, f"decompressed body exceeds max_payload_bytes={limit}")
-    return body
 
 
 def create_router(agent: CollectAgent) -> APIRouter:
     router = APIRouter()
     s = agent.settings
+    lines = line_protocol.LineProtocol(s.influx_measurements, s.influx_prefix)
     needs_read, needs_write = requires(Role.READ), requires(Role.WRITE)
     needs_admin = requires(Role.ADMIN)
 
@@ -71,46 +45,21 @@ def create_router(agent: CollectAgent) -> APIRouter:
         return Response(status_code=204, headers=headers)
 
     async def write(request: Request, precision: str) -> Response:
-        ing = agent.ingestor
-        try:
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
-        except TimeoutError:
-            return JSONResponse(
-                {"error": "spool full (storage behind); retry later"},
-                status_code=503,
-                headers={"Retry-After": "5"},
-            )
-        try:
-            body = await _read_body(request, s.max_payload_bytes)
-        except HTTPException as exc:
-            reason = "too_large" if exc.status_code == 413 else "bad_gzip"
-            ing.reject(None, reason, f"HTTP /write from {request.client}: {exc.detail}")
-            raise
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            ing.reject(None, "bad_utf8", f"HTTP /write from {request.client}: body is not UTF-8")
-            return JSONResponse({"error": "body is not UTF-8"}, status_code=400)
-        try:
-            res = line_protocol.parse(
-                text, precision, time.time_ns(), s.influx_measurements, s.influx_prefix
-            )
-        except line_protocol.LineProtocolError as exc:
-            ing.reject(None, exc.reason, str(exc))
-            return JSONResponse({"error": str(exc)}, status_code=400)
-        for no, reason, msg in res.errors:
-            ing.reject(None, reason, f"HTTP /write line {no}: {msg}")
-        try:
-            await ing.receive_batch(res.batch, res.lines, "http")
-        except SpoolError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "5"})
-        if res.errors:
-            no, _, msg = res.errors[0]
-            return JSONResponse(
-                {"error": f"partial write: line {no}: {msg} ({len(res.errors)} line(s) rejected)"},
-                status_code=400,
-            )
-        return Response(status_code=204)
+        def decode(body: bytes) -> http_ingest.Decoded:
+            if not body.isascii():
+                try:
+                    body.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise http_ingest.BodyError("body is not UTF-8", "bad_utf8") from None
+            try:
+                res = lines.parse(body, precision, time.time_ns())
+            except line_protocol.LineProtocolError as exc:
+                raise http_ingest.BodyError(str(exc), exc.reason) from None
+            return http_ingest.Decoded(res.batch, res.lines, res.errors, "line")
+
+        return await http_ingest.ingest(
+            agent.ingestor, request, s.max_payload_bytes, decode, "http"
+        )
 
     @router.post("/write", tags=["influx"], status_code=204, dependencies=[needs_write])
     async def write_v1(request: Request, precision: str = "ns") -> Response:

@@ -4,7 +4,9 @@ Used by the pusher and the collect agent (DCDB's ``cacheInterval``). Two layouts
 behind one API, both bounded by ``max_points`` per sensor whatever the rate:
 
 * a **ring per sensor** (:meth:`SensorCache.put`, :meth:`SensorCache.put_batch`)
-  for readings that arrive sensor by sensor (collect agent); it starts small and
+  for readings that arrive sensor by sensor (collect agent): the rings of all
+  sensors live in a few 2-D arrays (:mod:`services.common.rings`), so a batch of
+  many sensors is written with a handful of numpy calls; a ring starts small and
   doubles up to its capacity, so a sparse sensor costs little;
 * a **block** per group of sensors sampled together (:meth:`SensorCache.add_block`,
   :meth:`SensorCache.put_rows`): one timestamp ring shared by all of them and a
@@ -20,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.common.readings import Batch, Float64Array, Int64Array
+from services.common.rings import Rings
 
 _EMPTY_TS: Int64Array = np.empty(0, np.int64)
 _EMPTY_VS: Float64Array = np.empty(0, np.float64)
-_FIRST_RING_POINTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,60 +41,6 @@ def _ordered_slices(pos: int, n: int, cap: int) -> tuple[slice, slice | None]:
     if start + n <= cap:
         return slice(start, start + n), None
     return slice(start, cap), slice(0, pos)
-
-
-class _Ring:
-    """Readings of one sensor; grows geometrically up to ``cap`` points."""
-
-    __slots__ = ("cap", "n", "pos", "ts", "vs")
-
-    def __init__(self, cap: int, initial: int) -> None:
-        self.cap = cap
-        size = max(1, min(cap, initial))
-        self.ts: Int64Array = np.empty(size, dtype=np.int64)
-        self.vs: Float64Array = np.empty(size, dtype=np.float64)
-        self.pos = 0  # next write index
-        self.n = 0
-
-    def _grow(self, need: int) -> None:
-        size = self.ts.shape[0]
-        if size >= self.cap or self.n + need <= size:
-            return
-        new = min(self.cap, max(size * 2, self.n + need))
-        ts, vs = self.ordered()
-        self.ts = np.empty(new, dtype=np.int64)
-        self.vs = np.empty(new, dtype=np.float64)
-        self.ts[: self.n] = ts
-        self.vs[: self.n] = vs
-        self.pos = self.n % new
-
-    def put(self, ts: Int64Array, vs: Float64Array) -> None:
-        self._grow(ts.shape[0])
-        size = self.ts.shape[0]
-        k = ts.shape[0]
-        if k >= size:
-            self.ts[:] = ts[-size:]
-            self.vs[:] = vs[-size:]
-            self.pos, self.n = 0, size
-            return
-        end = self.pos + k
-        if end <= size:
-            self.ts[self.pos : end] = ts
-            self.vs[self.pos : end] = vs
-        else:
-            first = size - self.pos
-            self.ts[self.pos :] = ts[:first]
-            self.vs[self.pos :] = vs[:first]
-            self.ts[: k - first] = ts[first:]
-            self.vs[: k - first] = vs[first:]
-        self.pos = end % size
-        self.n = min(size, self.n + k)
-
-    def ordered(self) -> tuple[Int64Array, Float64Array]:
-        a, b = _ordered_slices(self.pos, self.n, self.ts.shape[0])
-        if b is None:
-            return self.ts[a], self.vs[a]
-        return np.concatenate((self.ts[a], self.ts[b])), np.concatenate((self.vs[a], self.vs[b]))
 
 
 class _Block:
@@ -144,7 +92,7 @@ class SensorCache:
     def __init__(self, window_s: float = 900.0, max_points: int = 1024) -> None:
         self.window_ns = int(window_s * 1e9)
         self.max_points = max_points
-        self._rings: dict[str, _Ring] = {}
+        self._rings = Rings(max_points)
         self._cols: dict[str, tuple[_Block, int]] = {}
         self._blocks: dict[int, _Block] = {}
         self._next_block = 0
@@ -153,10 +101,10 @@ class SensorCache:
         return len(self._rings) + len(self._cols)
 
     def __contains__(self, sensor: str) -> bool:
-        return sensor in self._rings or sensor in self._cols
+        return sensor in self._rings.ids or sensor in self._cols
 
     def sensors(self) -> list[str]:
-        return sorted([*self._rings, *self._cols])
+        return sorted([*self._rings.ids, *self._cols])
 
     def points_for(self, interval_s: float) -> int:
         """Points that cover the window at one reading per ``interval_s``, capped."""
@@ -165,21 +113,21 @@ class SensorCache:
         return max(2, min(self.max_points, int(self.window_ns / 1e9 / interval_s) + 1))
 
     def put(self, sensor: str, timestamps_ns: Int64Array, values: Float64Array) -> None:
-        if timestamps_ns.shape[0] == 0:
-            return
-        ring = self._rings.get(sensor)
-        if ring is None:
-            if sensor in self._cols:
-                raise ValueError(f"sensor {sensor!r} is cached in a block; use put_rows")
-            ring = self._rings[sensor] = _Ring(self.max_points, _FIRST_RING_POINTS)
-        ring.put(timestamps_ns, values)
+        self.put_batch(Batch.single(sensor, timestamps_ns, values))
 
     def put_batch(self, batch: Batch) -> None:
-        off = batch.offsets
-        for i, name in enumerate(batch.sensors):
-            a, b = off[i], off[i + 1]
-            if b > a:
-                self.put(name, batch.timestamps_ns[a:b], batch.values[a:b])
+        """Every reading of ``batch`` at once; a sensor may come more than once (arrival
+        order is kept)."""
+        if not len(batch):
+            return
+        if self._cols:
+            blocked = [s for s in batch.sensors if s in self._cols]
+            if blocked:
+                raise ValueError(f"sensor {blocked[0]!r} is cached in a block; use put_rows")
+        one_each = batch.series_count == len(batch)
+        self._rings.put(
+            batch.sensors, None if one_each else batch.counts, batch.timestamps_ns, batch.values
+        )
 
     def add_block(self, sensors: list[str], points: int) -> int:
         """Cache ``sensors`` together (sampled on the same instants); returns a handle."""
@@ -205,24 +153,20 @@ class SensorCache:
                 self._cols.pop(name, None)
 
     def forget(self, sensor: str) -> None:
-        self._rings.pop(sensor, None)
+        self._rings.forget(sensor)
 
     def _series(self, sensor: str) -> tuple[Int64Array, Float64Array]:
-        ring = self._rings.get(sensor)
-        if ring is not None:
-            return ring.ordered() if ring.n else (_EMPTY_TS, _EMPTY_VS)
+        if sensor in self._rings.ids:
+            return self._rings.ordered(sensor)
         col = self._cols.get(sensor)
         if col is None:
             return _EMPTY_TS, _EMPTY_VS
         return col[0].column(col[1])
 
     def latest(self, sensor: str) -> CachedValue | None:
-        ring = self._rings.get(sensor)
-        if ring is not None:
-            if ring.n == 0:
-                return None
-            i = (ring.pos - 1) % ring.ts.shape[0]
-            return CachedValue(sensor, int(ring.ts[i]), float(ring.vs[i]))
+        if sensor in self._rings.ids:
+            got = self._rings.latest(sensor)
+            return None if got is None else CachedValue(sensor, *got)
         col = self._cols.get(sensor)
         found = col[0].latest(col[1]) if col is not None else None
         return None if found is None else CachedValue(sensor, *found)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from services.collect_agent import mqtt_packets as mp
-from services.collect_agent.ingest import Ingestor, cache_batch
+from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.spool import Spool, SpoolError
 from services.common import codec
@@ -125,17 +124,3 @@ async def test_spool_failure_acks_nothing_and_closes(tmp_path: Path) -> None:
     assert sink.acks == [] and sink.failed and not ing.spool_ok
     assert isinstance(fut.exception(), SpoolError)
     await spool.close()
-
-
-def test_cache_batch_merges_repeated_sensors_keeping_arrival_order() -> None:
-    n = 300
-    names = [f"/c/s{i % 3}" for i in range(n)]
-    ts = TS0 + np.arange(n, dtype=np.int64)[::-1]  # arrival order, not time order
-    batch = Batch(names, np.arange(n + 1, dtype=np.int64), ts, np.arange(n, dtype=np.float64))
-    merged, plain = SensorCache(max_points=64), SensorCache(max_points=64)
-    cache_batch(merged, batch)
-    plain.put_batch(batch)
-    for s in ("/c/s0", "/c/s1", "/c/s2"):
-        a, b = merged.readings(s), plain.readings(s)
-        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-        assert merged.latest(s) == plain.latest(s)

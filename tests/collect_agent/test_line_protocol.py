@@ -6,14 +6,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.collect_agent.line_protocol import LineProtocolError, parse
+from services.collect_agent.line_protocol import LineProtocol, LineProtocolError, ParseResult
 from services.common import names
 
 NOW = 1_764_500_000_000_000_000
 
 
+def parse(body: str, precision: str = "ns", **prefixes: str) -> ParseResult:
+    return LineProtocol(prefixes, "/influx").parse(body, precision, NOW)
+
+
 def rows(body: str, precision: str = "ns", **prefixes: str) -> list[tuple[str, int, float]]:
-    res = parse(body, precision, NOW, prefixes, "/influx")
+    res = parse(body, precision, **prefixes)
     assert not res.errors, res.errors
     b = res.batch
     return list(zip(b.sensors, b.timestamps_ns.tolist(), b.values.tolist(), strict=True))
@@ -35,7 +39,7 @@ def test_value_types_and_missing_timestamp() -> None:
         ("/influx/m/d", NOW, 0.0),
         ("/influx/m/e", NOW, 1000.0),
     ]
-    assert parse('m s="x"', "ns", NOW, {}, "/influx").string_fields == 1
+    assert parse('m s="x"').string_fields == 1
 
 
 @pytest.mark.parametrize(
@@ -66,36 +70,43 @@ def test_bad_lines_are_reported_and_good_ones_kept() -> None:
             "m v=abc",
             "m v=1 12x",
             "m,badtag v=1",
-            'm v="unterminated',
             "m v=1 99999999999999999999",
             "m v=1 ²",
             "m v=²i",
+            "m v=1 -5",
             "ok w=2",
         ]
     )
-    res = parse(body, "ns", NOW, {}, "/influx")
+    res = parse(body)
     assert res.lines == 10
     assert [(n, r) for n, r, _ in res.errors] == [
         (2, "bad_line"),
         (3, "bad_field"),
         (4, "bad_timestamp"),
         (5, "bad_line"),
-        (6, "bad_line"),
+        (6, "bad_timestamp"),
         (7, "bad_timestamp"),
-        (8, "bad_timestamp"),
-        (9, "bad_field"),
+        (8, "bad_field"),
+        (9, "bad_timestamp"),
     ]
     assert list(res.batch.sensors) == ["/influx/ok/v", "/influx/ok/w"]
 
 
+def test_a_quoted_string_runs_on_over_newlines_as_in_influxdb() -> None:
+    res = parse('ok v=1\nm s="two\nlines",v=2 5\nm v="open\nok w=2\nok x=3')
+    assert [(n, r) for n, r, _ in res.errors] == [(4, "bad_line")], "swallows to the end"
+    assert res.batch.sensors == ["/influx/ok/v", "/influx/m/v"] and res.string_fields == 1
+    assert res.batch.timestamps_ns.tolist() == [NOW, 5]
+
+
 def test_a_line_is_all_or_nothing() -> None:
-    res = parse("m a=1,b=oops", "ns", NOW, {}, "/influx")
+    res = parse("m a=1,b=oops")
     assert len(res.batch) == 0 and res.errors[0][1] == "bad_field"
 
 
 def test_unknown_precision_is_an_error() -> None:
     with pytest.raises(LineProtocolError, match="precision 'x'"):
-        parse("m v=1", "x", NOW, {}, "/influx")
+        parse("m v=1", "x")
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,7 +117,7 @@ def test_unknown_precision_is_an_error() -> None:
 def test_fuzz_any_body_parses_into_valid_names_or_reported_errors(
     body: str, precision: str
 ) -> None:
-    res = parse(body, precision, NOW, {}, "/influx")
+    res = parse(body, precision)
     for name in res.batch.sensors:
         assert names.validate(name) == name
     assert all(reason and msg for _, reason, msg in res.errors)

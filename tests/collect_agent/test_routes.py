@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 
 import aiomqtt
 import httpx
+import numpy as np
 
+from benchmarks import loadgen_http as lg
 from services.collect_agent.app import CollectAgent
 from services.common import codec
 from services.common.auth import Role
@@ -167,3 +170,25 @@ async def test_cache_latest_average_sensors_hosts_and_stats(agent: CollectAgent)
             assert "kelvin_collect_agent_spool_pending_readings" in metrics
             assert (await c.delete("/api/v1/hosts/node17")).status_code == 204
     assert await client.closed()
+
+
+async def test_the_benchmark_client_writes_bodies_and_every_reading_is_stored(
+    agent: CollectAgent,
+) -> None:
+    """benchmarks/loadgen_http against a real agent: all 204, every reading read back
+    exactly (the benchmark's own count-back)."""
+    assert agent.port is not None
+    payloads = lg.bodies(3000, 300, 500)
+    res = await asyncio.to_thread(
+        lg.post_all, agent.port, "/write", payloads, 4, headers(Role.WRITE)
+    )
+    assert res["statuses"] == {"204": 6}, res
+    await agent.spool.wait_empty()
+    assert agent.storage is not None
+    sensor, ts, vs = lg.expected(3000, 300)
+    tags = lg.series_tags(300)
+    names = [f"/influx/node/{t[5:].replace(',sensor=', '/')}/value" for t in tags]
+    got = await agent.storage.read_many(names, 0, 2**62)
+    for s, name in enumerate(names):
+        assert np.array_equal(got[name].timestamps_ns, ts[sensor == s]), name
+        assert np.array_equal(got[name].values, vs[sensor == s]), name

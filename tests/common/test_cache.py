@@ -87,3 +87,34 @@ def test_points_for_covers_the_window_within_the_cap() -> None:
     cache = SensorCache(window_s=900, max_points=1024)
     assert cache.points_for(1.0) == 901
     assert cache.points_for(0.1) == 1024
+
+
+def test_put_batch_equals_putting_reading_by_reading() -> None:
+    """A batch that repeats sensors, overfills rings and grows them (16 -> 32 -> 50 points)
+    leaves the same rings as one put per reading, in arrival order."""
+    rng = np.random.default_rng(3)
+    batched, one_by_one = SensorCache(max_points=50), SensorCache(max_points=50)
+    t = 0
+    for size in (5, 40, 7, 130, 1, 60):
+        names = [f"/r/s{i}" for i in rng.integers(0, 6, size)]
+        stamps = ts(*range(t, t + size))
+        t += size
+        values = rng.normal(size=size)
+        batched.put_batch(Batch.from_rows(names, stamps, values))
+        for name, s, v in zip(names, stamps, values, strict=True):
+            one_by_one.put(name, np.array([s]), np.array([v]))
+    assert batched.sensors() == one_by_one.sensors()
+    for name in one_by_one.sensors():
+        a, b = batched.readings(name), one_by_one.readings(name)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), name
+        assert batched.latest(name) == one_by_one.latest(name)
+
+
+def test_a_forgotten_sensor_frees_its_ring_for_the_next() -> None:
+    cache = SensorCache(max_points=20)
+    cache.put_batch(Batch.from_rows(["/a", "/b"], ts(1, 1), [1.0, 2.0]))
+    cache.forget("/a")
+    cache.put_batch(Batch.from_rows(["/c", "/b"], ts(2, 2), [3.0, 4.0]))
+    assert cache.sensors() == ["/b", "/c"] and len(cache) == 2
+    assert cache.readings("/c")[1].tolist() == [3.0]
+    assert cache.readings("/b")[1].tolist() == [2.0, 4.0]
