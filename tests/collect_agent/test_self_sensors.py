@@ -16,10 +16,10 @@ async def test_own_rates_are_stored_with_their_units(make_agent: AgentFactory) -
     assert storage is not None
     name = "/kelvin/collect_agent/a1/readings_per_s"
     for _ in range(100):  # stored within a few rounds of 0.2 s; nothing to await
-        if await storage.has_sensor(name) and await storage.get_metadata(name):
+        series = await storage.read(name, 0, 2**62)
+        if len(series) and await storage.get_metadata(name):
             break
         await asyncio.sleep(0.1)
-    series = await storage.read(name, 0, 2**62)
     assert len(series) >= 1
     meta = await storage.get_metadata(name)
     assert meta is not None and meta.unit == "1/s"
