@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.cli import EXIT_BROKEN_PIPE, main
+from services.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from services.common.auth import Role
 from tests.query_api.conftest import T0, Api
 from tests.support.auth import TOKENS
@@ -62,6 +63,18 @@ async def test_a_reader_that_goes_away_ends_the_query_quietly(api: Api) -> None:
     rc, first, err = await asyncio.to_thread(run)
     assert first.startswith(b"Sensor,Time,Value")
     assert (rc, err) == (EXIT_BROKEN_PIPE, b""), err.decode()
+
+    def interrupted() -> tuple[int, bytes]:
+        """Ctrl-C while the output streams: exit 130, no traceback."""
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        proc.stdout.read()
+        return proc.wait(timeout=60), proc.stderr.read()
+
+    rc, err = await asyncio.to_thread(interrupted)
+    assert rc == EXIT_INTERRUPTED and b"Traceback" not in err, err.decode()
 
 
 async def test_missing_file_typos_and_empty_ranges_are_messages(
