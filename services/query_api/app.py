@@ -211,6 +211,7 @@ class QueryApiService(HttpService):
         """Define configured virtual sensors, retrying those whose inputs do not exist yet."""
         pending = dict(self.wanted_virtual)
         started = time.monotonic()
+        delay = min(0.5, self.settings.virtual_retry_s)
         while pending:
             engine = self.ctx.virtual
             assert isinstance(engine, Engine)
@@ -232,7 +233,10 @@ class QueryApiService(HttpService):
                     else:
                         _bad_input_log.warning("virtual_sensors", msg, name, waited, exc)
             if pending:
-                await asyncio.sleep(self.settings.virtual_retry_s)
+                # Soon at first (the inputs usually arrive within a second of the start),
+                # then every virtual_retry_s.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.virtual_retry_s)
 
     def _start_rules(self) -> None:
         s = self.settings

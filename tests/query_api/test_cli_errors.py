@@ -14,31 +14,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from services.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
+from services.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from services.common.auth import Role
 from tests.query_api.conftest import T0, Api
 from tests.support.auth import TOKENS
-
-
-@pytest.fixture
-def kelvin(api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
-    """Run ``kelvin ARGS`` in a thread against ``api``; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("KELVIN_QUERY_API_URL", api.url)
-    monkeypatch.setenv("KELVIN_QUERY_API_TOKEN", TOKENS[Role.ADMIN])
-
-    async def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            rc = await asyncio.to_thread(main, list(args))
-        except SystemExit as exc:  # argparse: usage errors
-            rc = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        assert "Traceback" not in err
-        return rc, out, err
-
-    return run
 
 
 async def test_a_reader_that_goes_away_ends_the_query_quietly(api: Api) -> None:

@@ -376,6 +376,10 @@ def test_define_and_chart_a_virtual_sensor(
     pg.wait_for_function("() => Number(document.getElementById('chart').dataset.points) >= 2")
     assert "/demo/it_power [kW]" in pg.locator(".u-legend").inner_text()
     # kW and W on one axis, in kW; the dimensionless PUE on its own, named for what it is.
+    deadline = time.monotonic() + 30  # /hall/pue is defined once its inputs exist
+    while "/hall/pue" not in httpx.get(f"{demo.url('query_api')}/api/v1/virtual", timeout=10).text:
+        assert time.monotonic() < deadline, "the demo never defined /hall/pue"
+        time.sleep(0.5)
     pg.goto(
         f"{demo.console_url}#/charts?s=%2Fdemo%2Fit_power&s=%2Fhall%2Fpower&s=%2Fhall%2Fpue&r=60"
     )

@@ -24,7 +24,7 @@ from services.allocator.settings import JobStream
 from services.common.hall_physics import HallPhysics
 from services.common.thermal import Hall, reference_hall
 from services.pusher.plugins.datacenter import DatacenterConfig
-from services.pusher.plugins.datacenter_load import LoadSettings, NodeLoad
+from services.pusher.plugins.datacenter_load import NodeLoad
 
 NS = 1_000_000_000
 Float64Array = npt.NDArray[np.float64]
@@ -65,18 +65,7 @@ def simulate(policy: str, seconds: float, seed: int = 1) -> DemoRun:
     book = JobBook(HallModel(hall), Allocator(policy, PolicyOptions(seed=seed)))
     jobs = np.random.default_rng(seed)
     rng = np.random.default_rng(seed + 1000)
-    load = NodeLoad(
-        LoadSettings(
-            compute_w=hall.busy_power_w,
-            comm_w=plugin.comm_power_w,
-            idle_w=hall.idle_power_w,
-            phases=plugin.phases,
-            phase_period_s=plugin.phase_period_s,
-            busy_jitter=plugin.busy_jitter,
-            idle_jitter=plugin.idle_jitter,
-        ),
-        rng,
-    )
+    load = NodeLoad(plugin.load(hall), rng)
     physics = HallPhysics(hall, plugin.physics())
     step_ns = plugin.interval_ms * 1_000_000
     n = hall.n_nodes

@@ -110,6 +110,18 @@ class DatacenterConfig(PluginConfig):
     margin_c: float = Field(Physics.margin_c, ge=0)
     """The CRAC aims the hottest inlet this far under the hall's redline (°C)."""
 
+    def load(self, hall: Hall) -> LoadSettings:
+        """How the hall's nodes draw power around the allocator's averages."""
+        return LoadSettings(
+            compute_w=hall.busy_power_w,
+            comm_w=self.comm_power_w,
+            idle_w=hall.idle_power_w,
+            phases=self.phases,
+            phase_period_s=self.phase_period_s,
+            busy_jitter=self.busy_jitter,
+            idle_jitter=self.idle_jitter,
+        )
+
     def physics(self) -> Physics:
         return Physics(
             time_constant_s=self.time_constant_s,
@@ -246,18 +258,7 @@ class DatacenterPlugin(Plugin):
             self.physics = HallPhysics(hall, cfg.physics())
         except ValueError as exc:
             raise ConfigError(f"datacenter plugin {self.context.instance!r}: {exc}") from exc
-        self.load = NodeLoad(
-            LoadSettings(
-                compute_w=hall.busy_power_w,
-                comm_w=cfg.comm_power_w,
-                idle_w=hall.idle_power_w,
-                phases=cfg.phases,
-                phase_period_s=cfg.phase_period_s,
-                busy_jitter=cfg.busy_jitter,
-                idle_jitter=cfg.idle_jitter,
-            ),
-            self.rng,
-        )
+        self.load = NodeLoad(cfg.load(hall), self.rng)
         prefix = cfg.prefix or HALL_SENSOR_PREFIX
         sopts = self.sensor_options(opts)
         sensors = [
