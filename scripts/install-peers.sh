@@ -22,6 +22,14 @@ have kubectl || need+=(kubernetes-client)
 have clickhouse-server || need+=(clickhouse-server)
 have clickhouse-client || need+=(clickhouse-client)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+# A real Slurm for the slurm bridge's tests (never slurm-wlm-emulator: it replaces these binaries)
+have slurmctld || need+=(slurmctld)
+have slurmd || need+=(slurmd)
+have sbatch || need+=(slurm-client)
+have slurmrestd || need+=(slurmrestd)
+have munged || need+=(munge)
+[ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || [ -e /usr/lib/aarch64-linux-gnu/slurm-wlm/auth_jwt.so ] \
+  || need+=(slurm-wlm-jwt-plugin)
 # `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
 if [ "${1:-}" = image ]; then
   have podman || need+=(podman)

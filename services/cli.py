@@ -31,6 +31,7 @@ from services.common.auth import (
     AuthError,
     Role,
     Tokens,
+    is_hashed,
     is_loopback,
     resolve_tokens,
 )
@@ -48,15 +49,24 @@ SERVICES: dict[str, str] = {
     "query-api": "services.query_api.app",
     "allocator": "services.allocator.app",
     "pusher": "services.pusher.app",
+    "slurm-bridge": "services.slurm_bridge.app",
 }
 """CLI name -> module with ``create_service(config) -> Service``, in ``kelvin up`` start order."""
 
-SECTIONS = {"storage", "logging", "auth", "collect_agent", "query_api", "allocator", "pusher"}
-HTTP_SECTIONS = ("collect_agent", "query_api", "allocator", "pusher")
+UP_WHEN_CONFIGURED = {"slurm-bridge": "slurm_bridge"}
+"""Services ``kelvin up`` starts only when the configuration has their section."""
+
+SECTIONS = {
+    "storage", "logging", "auth", "collect_agent", "query_api", "allocator", "pusher",
+    "slurm_bridge",
+}  # fmt: skip
+HTTP_SECTIONS = ("collect_agent", "query_api", "allocator", "pusher", "slurm_bridge")
 
 TOOL_MODULES = (
     "services.query_api.cli",
+    "services.query_api.cli_jobs",
     "services.allocator.cli",
+    "services.slurm_bridge.cli",
     "services.pusher.cli",
     "services.collect_agent.cli",
     "services.common.storage.cli",
@@ -103,6 +113,12 @@ def _service_flags(p: argparse.ArgumentParser, up: bool) -> None:
     )
     g.add_argument(
         "--allocator-port", type=int, metavar="PORT", help="allocator HTTP port (default 8083)"
+    )
+    g.add_argument(
+        "--slurm-bridge-port",
+        type=int,
+        metavar="PORT",
+        help="Slurm bridge HTTP port (default 8084)",
     )
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
     if up:
@@ -171,18 +187,11 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
         )
     if args.allocator_port is not None:
         cfg.set("allocator", "port", args.allocator_port, "--allocator-port")
-        cfg.set(
-            "query_api",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
-        cfg.set(
-            "pusher",
-            "allocator_url",
-            f"http://{loop_host}:{args.allocator_port}",
-            "--allocator-port",
-        )
+        for client in ("query_api", "pusher", "slurm_bridge"):
+            url = f"http://{loop_host}:{args.allocator_port}"
+            cfg.set(client, "allocator_url", url, "--allocator-port")
+    if args.slurm_bridge_port is not None:
+        cfg.set("slurm_bridge", "port", args.slurm_bridge_port, "--slurm-bridge-port")
     if args.log_level:
         cfg.set("logging", "level", args.log_level, "--log-level")
     if getattr(args, "policy", None):
@@ -192,8 +201,42 @@ def build_config(args: argparse.Namespace, profile: str) -> Config:
     return cfg
 
 
+def _configured(cfg: Config, section: str, key: str) -> bool:
+    """Whether ``section.key`` is set in the file, by a flag or in the environment."""
+    return (
+        key in cfg.section(section)
+        or key in cfg.overrides.get(section, {})
+        or f"KELVIN_{section.upper()}_{key.upper()}" in os.environ
+    )
+
+
 def _host_configured(cfg: Config, section: str) -> bool:
-    return "host" in cfg.section(section) or f"KELVIN_{section.upper()}_HOST" in os.environ
+    return _configured(cfg, section, "host")
+
+
+MQTT_LOGINS: dict[str, tuple[Role, str]] = {
+    "pusher": (Role.WRITE, "kelvin-pusher"),
+    "allocator": (Role.ADMIN, "kelvin-allocator"),
+}
+"""``kelvin up``'s publishers: the token each logs in to the collect agent's MQTT endpoint
+with (the allocator's job records need more than ``write``), and its user name."""
+
+
+def mqtt_logins(cfg: Config, tokens: Tokens) -> None:
+    """Under ``kelvin up`` the collect agent's MQTT endpoint takes logins only (tokens
+    exist): its own pusher and allocator log in with their role's token as the password
+    (docs/mqtt.md), unless a password (or password file) is configured for them."""
+    for section, (role, user) in MQTT_LOGINS.items():
+        token = tokens.by_role.get(role)
+        if not token or is_hashed(token):  # a verifier is no password to send
+            continue
+        if _configured(cfg, section, "mqtt_password") or _configured(
+            cfg, section, "mqtt_password_file"
+        ):
+            continue
+        if not _configured(cfg, section, "mqtt_username"):
+            cfg.set(section, "mqtt_username", user)
+        cfg.set(section, "mqtt_password", token)
 
 
 def prepare_auth(cfg: Config, names: Sequence[str]) -> Tokens | None:
@@ -299,7 +342,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     cfg = build_config(args, "demo" if args.demo else "up")
-    return _start(list(SERVICES), cfg)
+    names = [
+        n for n in SERVICES if n not in UP_WHEN_CONFIGURED or UP_WHEN_CONFIGURED[n] in cfg.data
+    ]
+    return _start(names, cfg)
 
 
 def _start(names: Sequence[str], cfg: Config) -> int:
@@ -312,6 +358,8 @@ def _start(names: Sequence[str], cfg: Config) -> int:
         return 1
     fresh = FreshPaths(_data_paths(names, cfg))
     tokens = prepare_auth(cfg, names)
+    if tokens is not None and cfg.profile in ("up", "demo"):
+        mqtt_logins(cfg, tokens)
     announced: list[bool] = []
     try:
         asyncio.run(_serve(names, cfg, tokens, announced))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "services"
-SERVICE_PACKAGES = ["pusher", "collect_agent", "query_api", "allocator"]
+SERVICE_PACKAGES = ["pusher", "collect_agent", "query_api", "allocator", "slurm_bridge"]
 
 
 def _imports(path: Path) -> set[str]:

@@ -7,12 +7,14 @@ import contextlib
 
 from fastapi import FastAPI
 
+from services.allocator import api_cluster
 from services.allocator.api import install_validation_counter, router
 from services.allocator.demo import run_job_stream
 from services.allocator.metrics import AllocatorMetrics
 from services.allocator.runtime import AllocatorCore
 from services.allocator.settings import Settings
 from services.common.auth_settings import ServiceAuth, service_auth
+from services.common.errors import ConfigError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.net import Listener
 from services.common.settings import Config
@@ -31,6 +33,7 @@ def create_app(core: AllocatorCore, auth: ServiceAuth | None = None) -> FastAPI:
     install_validation_counter(app, core)
     app.include_router(health_router(core.metrics))
     app.include_router(router(core))
+    app.include_router(api_cluster.router(core))
     return app
 
 
@@ -89,6 +92,13 @@ def create_service(config: Config) -> AllocatorService:
     core = AllocatorCore(settings, metrics)
     enabled = settings.job_stream.enabled
     job_stream = config.profile == "demo" if enabled is None else enabled
+    if settings.cluster == "external":
+        if enabled:
+            raise ConfigError(
+                "allocator.job_stream.enabled: the demo's job stream needs allocator.cluster: "
+                "internal (with external, jobs come from the workload manager)"
+            )
+        job_stream = False
     auth = service_auth(config, settings.host, "allocator")
     return AllocatorService(settings, core, job_stream, auth)
 

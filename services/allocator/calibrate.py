@@ -17,13 +17,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse as sp
 from scipy.optimize import nnls
+from scipy.sparse.linalg import norm as sparse_norm
 
 from services.common.errors import KelvinError
 from services.common.hall_physics import lagged
 from services.common.thermal import Float64Array, Hall
 
 Int64Array = npt.NDArray[np.int64]
+IntArrayT = npt.NDArray[np.intp]
 Series = tuple[Int64Array, Float64Array]
 
 
@@ -140,28 +143,79 @@ def _take(instants: Int64Array, series: list[Series], n: int) -> Samples:
     return Samples(instants[ok], values[:n, ok].T.copy(), values[n:, ok].T.copy())
 
 
-def fit_d(samples: Samples, supply_c: float, fit_supply: bool = False) -> Fit:
-    """Row-wise NNLS of ``Tin - Tsup`` on P (or of Tin on [P, 1] with ``fit_supply``)."""
+def fit_d(
+    samples: Samples,
+    supply_c: float,
+    fit_supply: bool = False,
+    support: sp.csr_matrix | None = None,
+) -> Fit:
+    """Row-wise NNLS of ``Tin - Tsup`` on P (or of Tin on [P, 1] with ``fit_supply``).
+
+    ``support`` (N x N, non-zero where D may be): each row is fitted on its own
+    columns only and D comes back sparse. Heat recirculation is local, so a
+    neighbourhood (:func:`local_support`) makes a 10,000-node fit N small
+    NNLS problems (T x k, k ~ 100) instead of N of T x N, and needs only more
+    samples than the largest neighbourhood, not than the hall.
+    """
     t, n = samples.powers_w.shape
-    if t < n + 1:
+    width = n if support is None else int(np.diff(support.indptr).max(initial=0))
+    if t < width + 1:
         raise CalibrationError(
-            f"{t} aligned samples for {n} nodes: need more than {n} operating points "
-            f"(several times that for a stable fit)"
+            f"{t} aligned samples for {width} {'nodes' if support is None else 'neighbours'}: "
+            f"need more than {width} operating points (several times that for a stable fit)"
         )
     design = samples.powers_w / 1e3  # kW keeps the system well scaled
     if fit_supply:
         design = np.hstack([design, np.ones((t, 1))])
-    d = np.zeros((n, n))
     supply = np.full(n, supply_c)
+    rows: list[IntArrayT] = []
+    cols: list[IntArrayT] = []
+    vals: list[Float64Array] = []
+    d = np.zeros((n, n)) if support is None else None
     for i in range(samples.inlet_c.shape[1]):
         target = samples.inlet_c[:, i] - (0.0 if fit_supply else supply_c)
-        coef, _ = nnls(design, target)
-        d[i] = coef[:n] / 1e3
+        if support is None:
+            coef, _ = nnls(design, target)
+            assert d is not None
+            d[i] = coef[:n] / 1e3
+        else:
+            own = support.indices[support.indptr[i] : support.indptr[i + 1]]
+            take = np.r_[own, n] if fit_supply else own
+            coef, _ = nnls(design[:, take], target)
+            rows.append(np.full(len(own), i))
+            cols.append(own)
+            vals.append(coef[: len(own)] / 1e3)
         if fit_supply:
-            supply[i] = coef[n]
-    pred = supply[None, :] + samples.powers_w @ d.T
+            supply[i] = coef[-1]
+    fitted: Any = d
+    if support is not None:
+        fitted = sp.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n)
+        )
+    pred = supply[None, :] + samples.powers_w @ fitted.T
     resid = samples.inlet_c - pred
-    return Fit(d, supply, float(np.sqrt(np.mean(resid**2))), float(np.abs(resid).max()), t)
+    return Fit(fitted, supply, float(np.sqrt(np.mean(resid**2))), float(np.abs(resid).max()), t)
+
+
+def local_support(hall: Hall, racks: int, rows: int = 1) -> sp.csr_matrix:
+    """Where D may be non-zero when heat travels at most ``racks`` racks along a row and
+    ``rows`` rows across: node j can warm node i only if both are that close."""
+    pos = hall.positions()
+    by_row: dict[int, IntArrayT] = {}
+    for r in range(hall.rows):
+        by_row[r] = np.flatnonzero(pos[:, 0] == r)
+    r_idx: list[IntArrayT] = []
+    c_idx: list[IntArrayT] = []
+    for i in range(hall.n_nodes):
+        r, k = int(pos[i, 0]), int(pos[i, 1])
+        near = np.concatenate(
+            [by_row[q] for q in range(max(0, r - rows), min(hall.rows, r + rows + 1))]
+        )
+        near = near[np.abs(pos[near, 1] - k) <= racks]
+        r_idx.append(np.full(len(near), i))
+        c_idx.append(near)
+    rr, cc = np.concatenate(r_idx), np.concatenate(c_idx)
+    return sp.csr_matrix((np.ones(len(rr)), (rr, cc)), shape=(hall.n_nodes, hall.n_nodes))
 
 
 def compare(
@@ -176,20 +230,27 @@ def compare(
     busy = rng.random((1000, hall.n_nodes)) < 0.5
     busy = np.vstack([busy, np.zeros(hall.n_nodes, bool), np.ones(hall.n_nodes, bool)])
     p = hall.powers_w(busy.astype(np.float64))
-    err = p @ (d_fit - d_true).T
+    diff = d_fit - d_true
+    err = np.asarray(p @ diff.T)
     present = hall.present_mask
     err = err[:, present]
     return {
-        "d_rel_frobenius": float(np.linalg.norm(d_fit - d_true) / np.linalg.norm(d_true)),
-        "d_max_abs_k_per_w": float(np.abs(d_fit - d_true).max()),
+        "d_rel_frobenius": _norm(diff) / _norm(d_true),
+        "d_max_abs_k_per_w": float(abs(diff).max()),
         "tin_rmse_c": float(np.sqrt(np.mean(err**2))),
         "tin_max_abs_c": float(np.abs(err).max()),
         "max_tin_abs_c": float(
             np.abs(
-                (p @ d_fit.T)[:, present].max(axis=1) - (p @ d_true.T)[:, present].max(axis=1)
+                np.asarray(p @ d_fit.T)[:, present].max(axis=1)
+                - np.asarray(p @ d_true.T)[:, present].max(axis=1)
             ).max()
         ),
     }
+
+
+def _norm(m: Any) -> float:
+    """Frobenius norm of a dense or sparse matrix."""
+    return float(sparse_norm(m) if sp.issparse(m) else np.linalg.norm(m))
 
 
 def standard_errors(
@@ -253,6 +314,12 @@ TIME_CONSTANTS_S = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120
 """Where :func:`fit_lagged` looks for the hall's time constant before refining (s)."""
 
 
+def lag_samples(samples: Samples, time_constant_s: float) -> Samples:
+    """The samples with every node's power through the thermal lag of ``time_constant_s``."""
+    lag = lagged(samples.times_ns, samples.powers_w, time_constant_s)
+    return Samples(samples.times_ns, lag, samples.inlet_c)
+
+
 def fit_lagged(
     samples: Samples,
     supply_c: float,
@@ -270,9 +337,7 @@ def fit_lagged(
     from scipy.optimize import minimize_scalar
 
     def at(tau: float) -> tuple[Fit, Samples]:
-        lag = Samples(
-            samples.times_ns, lagged(samples.times_ns, samples.powers_w, tau), samples.inlet_c
-        )
+        lag = lag_samples(samples, tau)
         return fit_d(lag, supply_c, fit_supply), lag
 
     if time_constant_s is not None:

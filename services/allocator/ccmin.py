@@ -198,17 +198,24 @@ def _greedy_pair_sums(shape: tuple[int, int, int], weights: Float64Array) -> Flo
     start = (
         centre_out(rows)[0] * racks * slots + centre_out(racks)[0] * slots + centre_out(slots)[0]
     )
-    added = np.abs(pos - pos[start]).astype(np.float64) @ weights
-    taken = np.zeros(n_nodes, dtype=bool)
-    taken[start] = True
+    # Per axis, the distance from every coordinate value to every node: one step adds three
+    # rows of these tables (integers times the weights: exact in float64, in any order).
+    tables = [
+        weights[a] * np.abs(np.arange(extent)[:, None] - pos[None, :, a]).astype(np.float64)
+        for a, extent in enumerate(shape)
+    ]
+    added = sum((tables[a][pos[start, a]] for a in range(3)), np.zeros(n_nodes))
+    added[start] = np.inf
     out = np.full(n_nodes + 1, np.inf)
     out[0] = out[1] = 0.0
     total = 0.0
     for n in range(2, n_nodes + 1):
-        cand = np.where(taken, np.inf, added)
-        j = int(np.argmin(cand))
-        total += float(cand[j])
-        taken[j] = True
-        added += np.abs(pos - pos[j]).astype(np.float64) @ weights
+        j = int(np.argmin(added))
+        total += float(added[j])
+        r, k, s = pos[j]
+        added += tables[0][r]
+        added += tables[1][k]
+        added += tables[2][s]
+        added[j] = np.inf
         out[n] = total
     return out

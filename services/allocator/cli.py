@@ -166,6 +166,12 @@ def _calibrate_parser(group: Any) -> None:
         "--fit-supply", action="store_true", help="fit each node's supply temperature too"
     )
     p.add_argument(
+        "--local",
+        metavar="RACKS[,ROWS]",
+        help="fit D sparse: a node warms only nodes within RACKS racks along its row and ROWS "
+        "rows across (default 1); for large halls (writes the hall with --out; no --apply)",
+    )
+    p.add_argument(
         "--known-d", type=Path, metavar="FILE", help="a known D to report the error against"
     )
     p.add_argument("--out", type=Path, metavar="FILE", help="write the fitted hall file (YAML + D)")

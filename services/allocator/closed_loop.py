@@ -20,11 +20,14 @@ import yaml
 
 from services.allocator.calibrate import (
     CalibrationError,
+    Fit,
     Samples,
     Series,
     align,
     compare,
+    fit_d,
     fit_lagged,
+    lag_samples,
     standard_errors,
 )
 from services.allocator.settings import Settings
@@ -141,9 +144,21 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         rise = samples.inlet_c[:, :-1] - samples.inlet_c[:, -1:]
         samples, base = Samples(samples.times_ns, samples.powers_w, rise), 0.0
     present = hall.present_mask
-    fit, tau, samples = fit_lagged(samples, base, tau, args.fit_supply)
-    d_full = np.zeros_like(hall.d_matrix)
-    d_full[np.ix_(present, present)] = fit.d_matrix
+    local = getattr(args, "local", None)
+    if hall.sparse and not local:
+        raise ConfigError(
+            f"hall {hall.name!r} has a sparse D ({hall.n_nodes} nodes): fit it sparse with "
+            "--local RACKS[,ROWS] (a node's neighbourhood)"
+        )
+    if local:
+        # A search over time constants would repeat the whole sparse fit: a given τ only.
+        tau = tau or 0.0
+        samples = lag_samples(samples, tau)
+        d_full, fit = _local_fit(hall, samples, base, args.fit_supply, local, args.apply)
+    else:
+        fit, tau, samples = fit_lagged(samples, base, tau, args.fit_supply)
+        d_full = np.zeros_like(hall.d_matrix)
+        d_full[np.ix_(present, present)] = fit.d_matrix
     doc: dict[str, Any] = {
         "hall": hall.name,
         "samples": fit.samples,
@@ -156,8 +171,9 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         "distinct_operating_points": int(
             np.unique(np.round(samples.powers_w / 100.0), axis=0).shape[0]
         ),
-        "expected": standard_errors(samples, fit, hall, args.fit_supply),
     }
+    if not local:  # needs the dense N x N covariance
+        doc["expected"] = standard_errors(samples, fit, hall, args.fit_supply)
     if known is not None:
         doc["known"] = compare(d_full, known, hall)
     fitted = hall.replace(d_matrix=d_full, name=f"{hall.name}-fitted")
@@ -169,6 +185,30 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         target = args.allocator_url or f"http://127.0.0.1:{settings.port}"
         doc["applied"] = apply_model(target, d_full, doc, headers)
     return doc
+
+
+def _local_fit(
+    hall: Hall, samples: Samples, supply_c: float, fit_supply: bool, spec: str, apply: bool
+) -> tuple[Any, Fit]:
+    """A sparse D fitted within each node's neighbourhood (``--local RACKS[,ROWS]``)."""
+    import scipy.sparse as sp
+
+    from services.allocator.calibrate import local_support
+
+    if apply:
+        raise ConfigError("--local fits are written with --out, not applied (--apply is dense)")
+    try:
+        racks, _, rows = spec.partition(",")
+        near = local_support(hall, int(racks), int(rows or 1))
+    except ValueError:
+        raise ConfigError(f"--local {spec!r}: expected RACKS or RACKS,ROWS (integers)") from None
+    present = hall.present_mask.astype(np.float64)
+    near = sp.csr_matrix(sp.diags(present) @ near @ sp.diags(present))
+    keep = np.flatnonzero(hall.present_mask)
+    fit = fit_d(samples, supply_c, fit_supply, sp.csr_matrix(near[keep][:, keep]))
+    coo = sp.coo_matrix(fit.d_matrix)
+    full = sp.csr_matrix((coo.data, (keep[coo.row], keep[coo.col])), shape=near.shape)
+    return full, fit
 
 
 def apply_model(

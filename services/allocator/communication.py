@@ -43,8 +43,12 @@ def distance_matrix(
     a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], weights: Float64Array
 ) -> Float64Array:
     """dist between every node of ``a`` (rows) and of ``b`` (columns)."""
-    diff = np.abs(a[:, None, :] - b[None, :, :]).astype(np.float64)
-    return np.asarray(diff @ weights, dtype=np.float64)
+    # one axis at a time: no |a| x |b| x 3 intermediate (integers times the weights, so the
+    # sums are exact in any order)
+    out = np.zeros((a.shape[0], b.shape[0]))
+    for axis in range(a.shape[1]):
+        out += weights[axis] * np.abs(a[:, None, axis] - b[None, :, axis])
+    return out
 
 
 def distance_sums(

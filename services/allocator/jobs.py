@@ -6,11 +6,16 @@ set ends by itself at ``started + runtime`` (stretched by Lf when
 ``stretch``); without one it runs until deleted. The queue head blocks
 everyone behind it (no backfilling). A head stalled by the reliability
 constraint while nothing runs can never start and is rejected.
+
+With ``external`` set, a workload manager owns the jobs: nothing is
+submitted or timed here, and :mod:`services.allocator.cluster` places,
+starts and ends jobs as the manager reports them.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,9 +24,10 @@ from services.allocator.communication import runtime_stretch
 from services.allocator.engine import Allocator, Decision
 from services.allocator.model import HallModel
 from services.allocator.state import HallState
-from services.common.errors import NotFoundError
+from services.common.errors import KelvinError, NotFoundError
 
 NS = 1_000_000_000
+ENDED_KEPT = 10_000
 MAX_RUNTIME_S = 1e9
 """Longest runtime a job may ask for (~31 years); past ~1e299 s its end in ns is not finite."""
 
@@ -38,7 +44,8 @@ class Job:
     stretch: bool = False
     name: str | None = None
     state: str = "queued"
-    """queued, running, finished, cancelled or rejected."""
+    """queued, placed (nodes chosen, waiting for the workload manager to start it), running,
+    finished, cancelled or rejected."""
     waiting_reason: str | None = None
     started_ns: int | None = None
     ends_ns: int | None = None
@@ -46,6 +53,9 @@ class Job:
     nodes: list[int] = field(default_factory=list)
     node_power_w: float | None = None
     decision: dict[str, Any] | None = None
+    placed_by: str | None = None
+    """The policy that chose the nodes; ``slurm`` for a job its workload manager placed."""
+    user: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,14 +65,24 @@ class Job:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
+class ExternalJobsError(KelvinError):
+    """A job was submitted to an allocator whose jobs come from a workload manager."""
+
+    http_status = 409
+
+
 Listener = Callable[[str, Job], None]
-"""Called with ("started" | "finished" | "cancelled" | "rejected", job)."""
+"""Called with ("started" | "finished" | "cancelled" | "rejected", job), and "start_time" when
+a workload manager reports a running job's start more exactly."""
 
 
 class JobBook:
     """Jobs, queue and hall occupancy of the online allocator."""
 
-    def __init__(self, model: HallModel, allocator: Allocator, history: int = 200) -> None:
+    def __init__(
+        self, model: HallModel, allocator: Allocator, history: int = 200, external: bool = False
+    ) -> None:
+        self.external = external
         self.state = HallState(model)
         self.allocator = allocator
         self.jobs: dict[str, Job] = {}
@@ -70,6 +90,8 @@ class JobBook:
         self.history: deque[Job] = deque(maxlen=max(history, 1))
         self.next_id = 1
         self.listeners: list[Listener] = []
+        self.ended: OrderedDict[str, float] = OrderedDict()
+        """Jobs that ended recently, with when (monotonic s): a late report of one is stale."""
         self.decisions: list[Decision] = []
         """Decisions since the caller last cleared the list (for metrics)."""
 
@@ -79,6 +101,10 @@ class JobBook:
 
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state == "running"]
+
+    def placed(self) -> list[Job]:
+        """Jobs whose nodes are chosen and held for them until their manager starts them."""
+        return [j for j in self.jobs.values() if j.state == "placed"]
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.queue]
@@ -101,6 +127,11 @@ class JobBook:
         name: str | None = None,
     ) -> Job:
         """Queue a job and start what can start; ValueError if it can never fit the hall."""
+        if self.external:
+            raise ExternalJobsError(
+                "the allocator follows a workload manager (allocator.cluster: external): "
+                "submit jobs there (e.g. sbatch), not to the allocator"
+            )
         present = int(self.model.present.sum())
         if not 1 <= size <= present:
             raise ValueError(
@@ -120,8 +151,8 @@ class JobBook:
         return self.allocator.decide(self.state, size, comm_share)
 
     def start_queued(self, now_ns: int) -> list[Job]:
-        started = []
-        while self.queue:
+        started: list[Job] = []
+        while self.queue and not self.external:
             job = self.jobs[self.queue[0]]
             d = self.allocator.decide(self.state, job.size, job.comm_share)
             self.decisions.append(d)
@@ -137,6 +168,7 @@ class JobBook:
             self.queue.popleft()
             self.state.place(job.id, d.choice.nodes, d.choice.node_power_w)
             job.state, job.waiting_reason, job.started_ns = "running", None, now_ns
+            job.placed_by = d.policy
             job.nodes, job.node_power_w = d.choice.nodes, d.choice.node_power_w
             if job.runtime_s is not None:
                 factor = runtime_stretch(job.comm_share, d.choice.lf) if job.stretch else 1.0
@@ -179,11 +211,26 @@ class JobBook:
     def set_model(self, model: HallModel) -> None:
         self.state.rebind(model)
 
+    def close(self, job: Job, how: str, now_ns: int) -> None:
+        """End ``job`` (its nodes already released): ``finished``, ``cancelled`` or ``rejected``."""
+        self._close(job, how, now_ns)
+
+    def emit(self, event: str, job: Job) -> None:
+        self._emit(event, job)
+
     def _close(self, job: Job, how: str, now_ns: int) -> None:
         job.state, job.finished_ns = how, now_ns
         self.jobs.pop(job.id, None)
         self.history.append(job)
+        self.ended[job.id] = time.monotonic()
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
         self._emit(how, job)
+
+    def ended_within(self, job_id: str, seconds: float) -> bool:
+        """Whether ``job_id`` ended here less than ``seconds`` ago (by this process's clock)."""
+        at = self.ended.get(job_id)
+        return at is not None and time.monotonic() - at < seconds
 
     def _emit(self, event: str, job: Job) -> None:
         for listener in self.listeners:
@@ -199,7 +246,8 @@ class JobBook:
         }
 
     def _order(self) -> list[str]:
-        running = sorted((j for j in self.running()), key=lambda j: (j.started_ns or 0, j.id))
+        holding = [j for j in self.jobs.values() if j.state in ("running", "placed")]
+        running = sorted(holding, key=lambda j: (j.started_ns or j.submitted_ns, j.id))
         return [j.id for j in running] + list(self.queue)
 
     def restore(self, doc: dict[str, Any], now_ns: int) -> None:
@@ -210,8 +258,9 @@ class JobBook:
         for raw in doc.get("jobs", []):
             job = Job.from_dict(raw)
             self.jobs[job.id] = job
-            if job.state == "running":
-                self.state.place(job.id, job.nodes, float(job.node_power_w or 0.0))
+            if job.state in ("running", "placed"):
+                power = float(job.node_power_w or 0.0)
+                self.state.place(job.id, job.nodes, power, observed=job.state == "running")
             else:
                 self.queue.append(job.id)
         self.expire(now_ns)

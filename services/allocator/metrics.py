@@ -45,6 +45,9 @@ class AllocatorMetrics(ServiceMetrics):
         )
         self.publish_buffer = self.gauge("publish_buffer_messages", "MQTT messages waiting")
         self.mqtt_connected = self.gauge("mqtt_connected", "1 while connected to a broker")
+        self.syncs = self.counter(
+            "cluster_syncs_total", "Reports of a workload manager's nodes and jobs taken in"
+        )
 
     def decision(self, d: Decision) -> None:
         self.decisions.labels(d.policy, d.reason).inc()

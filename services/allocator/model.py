@@ -108,14 +108,12 @@ class HallModel:
         return HallModel(hall, self.reliability, self.power)
 
     @cached_property
-    def d_rows(self) -> Float64Array:
-        """D with the rows of absent nodes zeroed (their inlet does not count)."""
-        d = self.hall.d_matrix
-        return d if self.hall.present is None else np.where(self.present[:, None], d, 0.0)
-
-    @cached_property
     def d_csc(self) -> sp.csc_matrix:
-        return sp.csc_matrix(self.d_rows)
+        """D with the rows of absent nodes zeroed (their inlet does not count), by column."""
+        d = sp.csr_matrix(self.hall.d_matrix)
+        if self.hall.present is not None:
+            d = sp.diags(self.present.astype(np.float64)) @ d
+        return sp.csc_matrix(d)
 
     @cached_property
     def d_csr(self) -> sp.csr_matrix:
@@ -126,17 +124,22 @@ class HallModel:
         """Tin = Tsup + D · P (every node, present or not)."""
         return np.asarray(self.hall.supply_c + self.d_csr @ powers_w, dtype=np.float64)
 
-    @cached_property
+    def shell_dist(self, a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """MC1x1 shell index between nodes ``a`` (rows) and ``b`` (columns):
+        max(|Δrack|, |Δslot|, ceil(d_row |Δrow|)); computed when asked, O(|a| |b|)."""
+        pa = self.pos[np.atleast_1d(np.asarray(a, dtype=np.int64))]
+        pb = self.pos[np.asarray(b, dtype=np.int64)]
+        d_row = np.ceil(self.hall.inter_row_distance * np.abs(pa[:, None, 0] - pb[None, :, 0]))
+        d_rack = np.abs(pa[:, None, 1] - pb[None, :, 1])
+        d_slot = np.abs(pa[:, None, 2] - pb[None, :, 2])
+        out: npt.NDArray[np.int32] = np.maximum(np.maximum(d_rack, d_slot), d_row).astype(np.int32)
+        return out
+
+    @property
     def shells(self) -> npt.NDArray[np.int32]:
-        """MC1x1 shell index between nodes: max(|Δrack|, |Δslot|, ceil(d_row |Δrow|))."""
-        p = self.pos
-        d_row = np.ceil(self.hall.inter_row_distance * np.abs(p[:, None, 0] - p[None, :, 0]))
-        d_rack = np.abs(p[:, None, 1] - p[None, :, 1])
-        d_slot = np.abs(p[:, None, 2] - p[None, :, 2])
-        shells: npt.NDArray[np.int32] = np.maximum(np.maximum(d_rack, d_slot), d_row).astype(
-            np.int32
-        )
-        return shells
+        """The whole shell matrix (N x N: small halls and tests only)."""
+        everything = np.arange(self.n)
+        return self.shell_dist(everything, everything)
 
     @cached_property
     def cc_min(self) -> CCMinTable:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 from collections import deque
 
 import aiomqtt
@@ -63,6 +64,7 @@ class DecisionPublisher:
         qos: int = 1,
         username: str | None = None,
         password: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.brokers = [parse_broker(b) for b in brokers]
         self.prefix = prefix.rstrip("/")
@@ -70,6 +72,7 @@ class DecisionPublisher:
         self.qos = qos
         self.username = username
         self.password = password
+        self.tls = tls
         self.buffer: deque[tuple[str, bytes]] = deque()
         self.maxlen = maxlen
         self.metadata: list[SensorMetadata] = [
@@ -91,8 +94,17 @@ class DecisionPublisher:
         batch = Batch.from_rows(names, np.full(len(names), ts_ns), list(values.values()))
         self._offer(*codec.encode_batch(base, batch))
 
-    def offer_job(self, job_id: str, start_ns: int, end_ns: int, nodes: list[str]) -> None:
-        doc = {"jobid": job_id, "starttime": start_ns, "endtime": end_ns, "nodes": nodes}
+    def offer_job(
+        self, job_id: str, start_ns: int, end_ns: int, nodes: list[str], user: str | None = None
+    ) -> None:
+        doc: dict[str, object] = {
+            "jobid": job_id,
+            "starttime": start_ns,
+            "endtime": end_ns,
+            "nodes": nodes,
+        }
+        if user:
+            doc["userid"] = user
         self._offer(codec.JOBDATA_PREFIX, json.dumps(doc).encode())
 
     def _offer(self, topic: str, payload: bytes) -> None:
@@ -131,6 +143,7 @@ class DecisionPublisher:
                         identifier=ident,
                         username=self.username,
                         password=self.password,
+                        tls_context=self.tls,
                         timeout=5,
                     ) as client:
                         self._set_connected(True)

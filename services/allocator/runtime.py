@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import Any
 
 import numpy as np
 
 from services.allocator.closed_loop import sensor_names
+from services.allocator.cluster import ClusterIn, ModeError, SyncResult, sync
 from services.allocator.engine import Allocator, current
 from services.allocator.jobs import Job, JobBook
 from services.allocator.metrics import AllocatorMetrics
@@ -27,6 +29,7 @@ from services.allocator.reliability import ReliabilityModel
 from services.allocator.settings import Settings
 from services.allocator.store import StateStore
 from services.common.errors import ConfigError
+from services.common.mqtt_credentials import client_tls, read_password
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
 
 log = logging.getLogger(__name__)
@@ -72,7 +75,13 @@ class AllocatorCore:
         reliability = ReliabilityModel.for_hall(
             hall.idle_power_w, hall.busy_power_w, **settings.reliability.model_dump()
         )
-        self.book = JobBook(HallModel(hall, reliability), self.allocator, settings.history)
+        self.external = settings.cluster == "external"
+        self.book = JobBook(
+            HallModel(hall, reliability), self.allocator, settings.history, self.external
+        )
+        self._placed_ns = 0
+        self.last_sync_ns: int | None = None
+        """When the workload manager last reported (external mode)."""
         self.book.listeners.append(self._on_job)
         self.publisher = DecisionPublisher(
             settings.brokers,
@@ -81,7 +90,10 @@ class AllocatorCore:
             settings.publish_buffer,
             settings.mqtt_qos,
             settings.mqtt_username,
-            settings.mqtt_password,
+            read_password(
+                settings.mqtt_password, settings.mqtt_password_file, "allocator.mqtt_password_file"
+            ),
+            client_tls(settings.mqtt_tls, settings.mqtt_tls_ca, "allocator.mqtt_tls_ca"),
         )
         # Every present node's predicted inlet (absent nodes have none); the layout is fixed.
         self.node_indices: list[int] = np.flatnonzero(hall.present_mask).tolist()
@@ -98,7 +110,7 @@ class AllocatorCore:
     def load(self) -> None:
         """Take the saved jobs back (releasing those whose time ran out while down)."""
         model = self.book.model
-        _ = model.cc_min, model.shells, model.d_csc, model.d_csr  # once now, not per request
+        _ = model.cc_min, model.d_csc, model.d_csr  # once now, not per request
         if self._saved:
             try:
                 self.book.restore(self._saved, time.time_ns())
@@ -171,6 +183,20 @@ class AllocatorCore:
         self.metrics.model_updates.inc()
         self.commit()
 
+    def sync(self, report: ClusterIn) -> SyncResult:
+        """The workload manager's view in, placements for its waiting jobs out (external mode)."""
+        if not self.external:
+            raise ModeError(
+                "the allocator runs its own jobs (allocator.cluster: internal); set "
+                "allocator.cluster: external to follow a workload manager"
+            )
+        result = sync(self.book, report, time.time_ns())
+        self.last_sync_ns = time.time_ns()
+        self.metrics.syncs.inc()
+        if result.changed or self.book.decisions:
+            self.commit()
+        return result
+
     def commit(self) -> None:
         """Persist, account and publish after any change."""
         doc = self.book.snapshot()
@@ -183,13 +209,29 @@ class AllocatorCore:
         self.changed.set()
 
     def _on_job(self, event: str, job: Job) -> None:
+        if event == "start_time":  # a more exact start: the job record again, nothing else
+            nodes = [node_name(self.book.model.hall, i) for i in job.nodes]
+            self.publisher.offer_job(job.id, job.started_ns or 0, 0, nodes, job.user)
+            return
         self.metrics.jobs.labels(event).inc()
         if event == "started" or job.started_ns is not None:
             hall = self.book.model.hall
             end = 0 if event == "started" else (job.finished_ns or 0)
             end += end & 1  # DCDB reads an odd end time as "still running"
             nodes = [node_name(hall, i) for i in job.nodes]
-            self.publisher.offer_job(job.id, job.started_ns or 0, end, nodes)
+            self.publisher.offer_job(job.id, job.started_ns or 0, end, nodes, job.user)
+        if event == "started":
+            # Which policy placed which job, as a sensor per policy whose value is the job's
+            # number, so the query API can tell (``kelvin jobs report``); Slurm's own: "slurm".
+            number = re.sub(r"\D", "", job.id)
+            if number and len(number) <= 15:  # exact in a float64
+                by = job.placed_by or "unknown"
+                # at the moment it is announced, not at the job's start: two jobs starting in
+                # the same (whole) second must not overwrite each other's reading
+                self._placed_ns = max(time.time_ns(), self._placed_ns + 1)
+                self.publisher.offer_values(
+                    self._placed_ns, {by: float(number)}, f"{self.settings.sensor_prefix}/placed"
+                )
 
     # ---------------------------------------------------------------- views
 
@@ -227,6 +269,7 @@ class AllocatorCore:
         th = current(state)
         inlet = dict(zip(self.node_indices, self.measured["inlet_temp"], strict=True))
         power = dict(zip(self.node_indices, self.measured["power"], strict=True))
+        jobs = self.book.jobs
         nodes = [
             {
                 "index": i,
@@ -235,6 +278,8 @@ class AllocatorCore:
                 "slot": int(p[2]),
                 "present": bool(state.model.present[i]),
                 "busy": bool(state.busy[i]),
+                "available": not bool(state.unavailable[i]),
+                "state": _node_state(state.owner[i], jobs, bool(state.unavailable[i])),
                 "job": state.owner[i],
                 "power_w": float(state.powers_w[i]),
                 "predicted_tin_c": float(th.inlet_c[i]),
@@ -250,6 +295,7 @@ class AllocatorCore:
             "slots": hall.slots,
             "redline_c": hall.redline_c,
             "policy": self.allocator.policy_name,
+            "cluster": self.settings.cluster,
             "mttf_bound_years": self.allocator.min_mttf_years,
             "model": self.model_meta,
             "nodes": nodes,
@@ -273,3 +319,11 @@ class AllocatorCore:
         while True:
             await asyncio.sleep(self.settings.publish_interval_s)
             self.publish_snapshot()
+
+
+def _node_state(owner: str | None, jobs: dict[str, Job], unavailable: bool) -> str:
+    """idle, placed (chosen for a job its manager has not started yet), running or unavailable."""
+    if owner is not None:
+        job = jobs.get(owner)
+        return "placed" if job is not None and job.state == "placed" else "running"
+    return "unavailable" if unavailable else "idle"

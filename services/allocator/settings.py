@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -77,6 +77,10 @@ class Settings(SectionSettings):
     """Query API, read by calibration."""
     policy: str = "joint"
     """Placement policy: mpit, mc1x1, joint, first-fit, random."""
+    cluster: Literal["internal", "external"] = "internal"
+    """internal: the allocator runs its own jobs (POST /api/v1/jobs, the demo's job stream);
+    external: it follows a workload manager (the slurm bridge reports nodes and jobs to
+    POST /api/v1/cluster/sync and takes the placements back; jobs end when the manager says)."""
     demo_seed: int = 1
     """Seed of the demo job stream (and of the random policy)."""
     hall_file: Path | None = None
@@ -105,6 +109,13 @@ class Settings(SectionSettings):
     """Broker login for publishing (e.g. one of the collect agent's ``mqtt_users``); None = anonymous."""
     mqtt_password: str | None = None
     """Password of ``mqtt_username`` (set it through ``KELVIN_ALLOCATOR_MQTT_PASSWORD``)."""
+    mqtt_password_file: Path | None = None
+    """File holding the password when ``mqtt_password`` is unset (the chart's init container
+    writes the allocator's derived password there)."""
+    mqtt_tls: bool = False
+    """Publish over TLS, verifying the brokers' certificates."""
+    mqtt_tls_ca: Path | None = None
+    """CA bundle (PEM) to verify the brokers with (None: the system's CAs)."""
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
     sensor_map: dict[str, Any] | None = None

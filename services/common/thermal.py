@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse as sp
 
 from services.common.errors import ConfigError
 
@@ -46,7 +48,10 @@ class Hall:
     racks: int
     slots: int
     d_matrix: Float64Array
-    """D[i, j]: inlet-temperature rise at node i per watt dissipated at node j (K/W)."""
+    """D[i, j]: inlet-temperature rise at node i per watt dissipated at node j (K/W).
+
+    Dense, or a ``scipy.sparse`` matrix (kept as CSR) for large halls: heat
+    recirculation is local, so a 10,000-node hall's D has ~1 % non-zeros."""
     idle_power_w: float = 1000.0
     busy_power_w: float = 3500.0
     supply_c: float = 15.0
@@ -64,17 +69,24 @@ class Hall:
             if not isinstance(v, int | np.integer) or v < 1:
                 raise HallError(f"hall {self.name!r}: {what} must be a positive integer, got {v!r}")
         n = self.rows * self.racks * self.slots
-        d = np.asarray(self.d_matrix, dtype=np.float64)
+        if sp.issparse(self.d_matrix):
+            d: Any = sp.csr_matrix(self.d_matrix, dtype=np.float64)
+            d.sum_duplicates()
+            values = d.data
+        else:
+            d = np.asarray(self.d_matrix, dtype=np.float64)
+            values = d
         object.__setattr__(self, "d_matrix", d)
         if d.shape != (n, n):
             raise HallError(
                 f"hall {self.name!r}: D must be {n}x{n} for {self.rows}x{self.racks}x{self.slots}, "
                 f"got {'x'.join(map(str, d.shape))}"
             )
-        if not bool(np.isfinite(d).all()):
+        if not bool(np.isfinite(values).all()):
             raise HallError(f"hall {self.name!r}: D has non-finite entries")
-        if bool((d < 0).any()):
-            i, j = np.argwhere(d < 0)[0]
+        if bool((values < 0).any()):
+            i, j = np.argwhere(d < 0)[0] if not sp.issparse(d) else sp.find(d < 0)[:2]
+            i, j = int(np.ravel(i)[0]), int(np.ravel(j)[0])
             raise HallError(f"hall {self.name!r}: D must be non-negative; D[{i}, {j}] = {d[i, j]}")
         for what in ("idle_power_w", "busy_power_w", "supply_c", "redline_c", "inter_row_distance"):
             if not np.isfinite(getattr(self, what)):
@@ -109,6 +121,11 @@ class Hall:
             if not p.any():
                 raise HallError(f"hall {self.name!r}: no node is present")
             object.__setattr__(self, "present", p)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether D is held sparse (large halls)."""
+        return bool(sp.issparse(self.d_matrix))
 
     @property
     def n_nodes(self) -> int:
@@ -146,7 +163,7 @@ class Hall:
     def inlet_c(self, powers_w: npt.ArrayLike, supply_c: float | None = None) -> Float64Array:
         """Tin = Tsup + D · P."""
         tsup = self.supply_c if supply_c is None else supply_c
-        return tsup + self.d_matrix @ np.asarray(powers_w, dtype=np.float64)
+        return np.asarray(tsup + self.d_matrix @ np.asarray(powers_w, dtype=np.float64))
 
     def max_inlet_c(self, inlet_c: Float64Array) -> float:
         """The hottest inlet among present nodes."""
@@ -213,9 +230,17 @@ def _k_vector(n: int, k: npt.ArrayLike | float | None) -> Float64Array:
 
 
 def load_matrix(path: str | Path) -> Float64Array:
-    """A square matrix: whitespace-separated text (one row per line) or ``.npy``."""
+    """A square matrix: whitespace-separated text (one row per line), ``.npy``, or a sparse
+    ``.npz`` (``scipy.sparse.save_npz``, for large halls)."""
     p = Path(path)
     try:
+        if p.suffix == ".npz":
+            sparse = sp.load_npz(p)
+            if sparse.ndim != 2 or sparse.shape[0] != sparse.shape[1]:
+                raise HallError(
+                    f"{p}: matrix is {'x'.join(map(str, sparse.shape))}, expected square"
+                )
+            return sparse.tocsr()  # type: ignore[no-any-return]
         m = (
             np.load(p, allow_pickle=False)
             if p.suffix == ".npy"

@@ -31,7 +31,7 @@ from services.common.storage.settings import StorageSettings
 from services.query_api import console
 from services.query_api.context import READY, ApiContext
 from services.query_api.limits import HeavyQueryGate
-from services.query_api.routes import grafana, prometheus, readings, sensors, virtual
+from services.query_api.routes import grafana, jobs, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
 from services.query_api.virtual.define import VirtualIn, differs
 from services.query_api.virtual.engine import Engine
@@ -110,6 +110,7 @@ def create_app(
     app.include_router(virtual.router(ctx))
     app.include_router(prometheus.router(ctx))
     app.include_router(grafana.router(ctx))
+    app.include_router(jobs.router(ctx))
     console.mount(app)
     return app
 

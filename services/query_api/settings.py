@@ -5,10 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import SectionSettings
+
+
+class JobAccounting(BaseModel):
+    """Per-job energy and cooling (``GET /api/v1/jobs``, ``kelvin jobs``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    hall_file: Path | None = None
+    """The hall whose CRAC model attributes cooling (the allocator's hall file; None = reference)."""
+    power_sensor: str = "{node}/power"
+    """A job node's power sensor (W); ``{node}`` is the name in the job record."""
+    inlet_sensor: str = "{node}/inlet_temp"
+    """A node's inlet temperature sensor (°C)."""
+    allocator_prefix: str = "/kelvin/allocator"
+    """The allocator's ``sensor_prefix``: ``<prefix>/placed/<policy>`` says who placed a job."""
+    margin_s: float = Field(30.0, ge=0)
+    """Readings this far outside a job are read to interpolate at its start and end."""
+    grid_step_s: float = Field(1.0, gt=0)
+    """Finest step of the cooling attribution."""
+    max_jobs: int = Field(1000, ge=1)
+    """Most jobs one report lists."""
 
 
 class Settings(SectionSettings):
@@ -90,3 +110,5 @@ class Settings(SectionSettings):
     """Recording rules store their series under this prefix (``<prefix>/<name>/<label>=<value>``)."""
     self_metrics_retention_s: float = Field(900.0, ge=60)
     """How long scraped service metrics (collect agent, query API) are kept for rules."""
+    jobs: JobAccounting = JobAccounting()
+    """Per-job accounting from stored telemetry."""

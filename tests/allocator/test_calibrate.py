@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from services.allocator import experiments, simulator
 from services.allocator.app import create_service
@@ -17,12 +18,14 @@ from services.allocator.calibrate import (
     align,
     compare,
     fit_d,
+    local_support,
     standard_errors,
     synthetic_samples,
 )
 from services.allocator.closed_loop import sensor_names
 from services.cli import main as kelvin
 from services.common.auth import Role
+from services.common.halls.synthetic import tiled_hall
 from services.common.readings import Batch
 from services.common.settings import Config
 from services.common.thermal import Float64Array, reference_hall
@@ -206,6 +209,14 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
         np.testing.assert_allclose(live, written, rtol=1e-6, atol=1e-12)
         assert allocator.core.model_meta["source"] == "kelvin allocator calibrate"
         assert not np.allclose(live, hall.d_matrix)
+        # the same fit sparse, each row on its neighbourhood: written as a sparse hall file
+        keep = argv.index("--apply")
+        argv[keep:] = ["--local", "4,1", "--json"]
+        argv[argv.index("--out") + 1] = str(tmp_path / "local.yaml")
+        assert await asyncio.to_thread(run_cli) == 0
+        local = json.loads(out.read_text())
+        assert local["known"]["d_rel_frobenius"] < 0.15 and "expected" not in local
+        assert (tmp_path / "local.D.npz").exists()
     finally:
         await allocator.stop()
         await query.stop()
@@ -246,3 +257,22 @@ def test_compare_reports_zero_for_the_truth() -> None:
     hall = reference_hall()
     err = compare(hall.d_matrix, hall.d_matrix, hall)
     assert err["d_rel_frobenius"] == 0.0 and err["tin_max_abs_c"] == 0.0
+
+
+def test_a_local_fit_recovers_a_sparse_hall_from_few_samples() -> None:
+    """200 nodes, neighbours within 9 racks (the pods' reach): fewer samples than nodes suffice."""
+    hall = tiled_hall(2, 25, seed=3, sparse=True)
+    support = local_support(hall, racks=9, rows=1)
+    true_pattern = hall.d_matrix.copy()
+    true_pattern.data[:] = 1.0
+    assert (true_pattern - true_pattern.multiply(support)).nnz == 0  # the truth lies inside
+    rng = np.random.default_rng(3)
+    powers = hall.powers_w((rng.random((190, hall.n_nodes)) < 0.5).astype(float))
+    samples = synthetic_samples(hall, powers, seed=1, power_noise_w=5.0, temp_noise_c=0.02,
+                                temp_resolution_c=0.0)  # fmt: skip
+    fit = fit_d(samples, hall.supply_c, support=support)
+    assert sp.issparse(fit.d_matrix) and fit.d_matrix.nnz <= support.nnz
+    err = compare(fit.d_matrix, hall.d_matrix, hall)
+    assert err["d_rel_frobenius"] < 0.1 and err["tin_rmse_c"] < 0.05, err
+    with pytest.raises(CalibrationError, match="neighbours"):
+        fit_d(synthetic_samples(hall, powers[:100]), hall.supply_c, support=support)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from services.allocator.model import HallModel
-from services.allocator.policies import REGISTRY, PolicyOptions, Request, create
-from services.allocator.policies.mc1x1 import fill_from_shell
+from services.allocator.policies import REGISTRY, PolicyOptions, Request, View, create
+from services.allocator.policies.mc1x1 import ShellHeat, fill_from_shell
 from services.allocator.policies.mpit import (
     PEAK_TOLERANCE_C,
     greedy,
@@ -115,6 +115,87 @@ def test_joint_candidates_are_shells_at_mpit_nodes() -> None:
     assert peaks == sorted(peaks)
     mpit_nodes = set(create("mpit").choose(view, req, 0)[0].tolist())
     assert all(set(s.tolist()) & mpit_nodes for s in sets)
+
+
+def _best_joint_by_brute_force(view: View, request: Request) -> list[int]:
+    """Every equally compact fill of every MPIT centre's outermost shell; the paper's order.
+
+    Lowest peak inlet first (peaks within 0.1 mK are equal), then the lower CC,
+    then the lower centre; among a centre's equally compact fills, the coolest.
+    """
+    model, free, n = view.model, view.free_idx, request.size
+    rise = view.rise_per_node(request.power_w)
+    best: tuple[int, float, int, list[int]] | None = None
+    for c in create("mpit").choose(view, request, 0)[0].tolist():
+        dist = model.shells[c, free]
+        kth = np.sort(dist)[n - 1]
+        inner, shell = free[dist < kth], free[dist == kth]
+        fills = [np.r_[inner, list(x)] for x in itertools.combinations(shell, n - len(inner))]
+        cc = min(round(model.cc(f), 9) for f in fills)
+        for f in fills:
+            if round(model.cc(f), 9) == cc:
+                key = (round(peak_after(view, rise, f) / PEAK_TOLERANCE_C), cc, c, sorted(f))
+                best = key if best is None or key < best else best
+    assert best is not None
+    return best[3]
+
+
+@pytest.mark.parametrize(
+    ("rows", "busy", "size", "before"),
+    [
+        # equally compact (CC 6.4): 21.52 °C before, 21.40 °C available
+        ([0], [3, 7, 8, 9, 14], 5, [1, 2, 5, 6, 10]),
+        # the same peak (22.72 °C): CC 4.0 before, 2.67 (the minimum for 3 nodes) available
+        ([1], [22, 26, 27, 28, 29, 31, 36], 3, [21, 23, 25]),
+        ([0, 1], [0, 2, 4, 7, 8, 13, 19, 20, 23, 26, 36], 5, [22, 25, 27, 30, 31]),
+    ],
+)
+def test_joint_breaks_ties_between_equally_compact_fills_by_peak_inlet(
+    rows: list[int], busy: list[int], size: int, before: list[int]
+) -> None:
+    """The paper's tie rule; before it, the lowest node indices won (issue 14)."""
+    model = HallModel(reference_hall().subset_rows(rows))
+    mask = np.zeros(40, bool)
+    mask[busy] = True
+    view = view_of(model, mask)
+    request = Request(size, 3500.0)
+    got = create("joint").choose(view, request, 0)[0].tolist()
+    assert got == _best_joint_by_brute_force(view, request)
+    assert got != before
+    rise = view.rise_per_node(3500.0)
+    old, new = (peak_after(view, rise, np.array(x)) for x in (before, got))
+    assert new < old - PEAK_TOLERANCE_C or (
+        new <= old + PEAK_TOLERANCE_C and model.cc(got) < model.cc(before) - 1e-9
+    )
+
+
+def test_joint_matches_brute_force_over_random_occupancies() -> None:
+    rng = np.random.default_rng(14)
+    for rows in ([0], [1], [0, 1]):
+        model = HallModel(reference_hall().subset_rows(rows))
+        for _ in range(12):
+            mask = (rng.random(40) < rng.uniform(0.0, 0.6)) & model.present
+            view = view_of(model, mask)
+            size = int(rng.integers(2, min(7, len(view.free_idx)) + 1))
+            request = Request(size, 3500.0)
+            got = create("joint").choose(view, request, 0)[0].tolist()
+            assert got == _best_joint_by_brute_force(view, request)
+
+
+def test_shell_fill_breaks_cc_ties_by_peak_in_the_greedy_path_too() -> None:
+    model = HallModel(reference_hall())
+    view = view_of(model, np.zeros(40, bool))
+    rise = view.rise_per_node(3500.0)
+    inner, shell = np.array([1]), np.array([0, 2, 4, 5, 6])  # node 1 and its first shell
+    heat = ShellHeat(view, rise)
+    exact = fill_from_shell(model, inner, shell, 1, 10_000, heat)
+    greedy_fill = fill_from_shell(model, inner, shell, 1, 0, heat)
+    # nodes 0, 2 and 5 are one hop from node 1: equally compact; node 2 keeps it coolest
+    peaks = {j: peak_after(view, rise, np.array([1, j])) for j in (0, 2, 5)}
+    assert min(peaks, key=peaks.__getitem__) == 2
+    assert peaks[0] > peaks[2] + PEAK_TOLERANCE_C
+    assert exact.tolist() == greedy_fill.tolist() == [1, 2]
+    assert fill_from_shell(model, inner, shell, 1, 0).tolist() == [0, 1]  # without: lowest index
 
 
 def test_first_fit_and_random_baselines() -> None:

@@ -37,7 +37,7 @@ def _brute_mpit(view: View, n: int, power_w: float) -> tuple[float, tuple[int, .
     rise = view.rise_per_node(power_w)
     free = view.free_idx
     rows = np.flatnonzero(view.model.present)
-    heat = view.model.d_rows[np.ix_(rows, free)] * rise[free]
+    heat = view.model.d_csc.toarray()[np.ix_(rows, free)] * rise[free]
     combos = np.array(list(itertools.combinations(range(len(free)), n)), dtype=np.int64)
     onehot = np.zeros((len(combos), len(free)))
     np.put_along_axis(onehot, combos, 1.0, axis=1)

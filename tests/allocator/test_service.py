@@ -455,3 +455,46 @@ async def test_demo_profile_runs_the_seeded_job_stream(tmp_path: Path) -> None:
         assert 2 <= job.size <= 4 and job.ends_ns is not None
     finally:
         await running.stop()
+
+
+async def test_following_a_workload_manager_over_http(tmp_path: Path) -> None:
+    running = await _start(_config(tmp_path / "state", free_port(), cluster="external"))
+    http = running.http
+    try:
+        nodes = [{"index": i, "state": "idle"} for i in range(40)]
+        nodes[5]["state"] = "drained"
+        report = {
+            "nodes": nodes,
+            "jobs": [
+                {"id": "71", "state": "running", "nodes": [0, 1], "user": "bob"},
+                {"id": "72", "state": "pending", "managed": True, "size": 3},
+            ],
+        }
+        r = await http.post("/api/v1/cluster/sync", json=report)
+        assert r.status_code == 200, r.text
+        (placed,) = r.json()["placements"]
+        assert placed["id"] == "72" and placed["policy"] == "first-fit"
+        assert placed["nodes"] == [2, 3, 4]  # 0-1 run Slurm's job, 5 is drained
+        again = (await http.post("/api/v1/cluster/sync", json=report)).json()
+        assert again["placements"][0]["nodes"] == [2, 3, 4]
+        status = (await http.get("/api/v1/cluster")).json()
+        assert status["cluster"] == "external" and status["unavailable_nodes"] == [5]
+        assert [j["id"] for j in status["placed"]] == ["72"]
+        hall = (await http.get("/api/v1/hall")).json()
+        assert hall["nodes"][0]["job"] == "71" and hall["nodes"][0]["state"] == "running"
+        assert hall["nodes"][2]["state"] == "placed" and not hall["nodes"][5]["available"]
+        # its own jobs: refused, the manager has them
+        own = await http.post("/api/v1/jobs", json={"size": 2})
+        assert own.status_code == 409 and "sbatch" in own.text
+        bad = await http.post(
+            "/api/v1/cluster/sync", json={"nodes": [{"index": 40, "state": "idle"}]}
+        )
+        assert bad.status_code == 422 and "outside the hall" in bad.text
+        assert await running.metric("kelvin_allocator_cluster_syncs_total") == 2
+    finally:
+        await running.stop()
+
+
+async def test_an_allocator_running_its_own_jobs_refuses_a_report(service: Running) -> None:
+    r = await service.http.post("/api/v1/cluster/sync", json={"nodes": []})
+    assert r.status_code == 409 and "allocator.cluster: external" in r.text

@@ -22,8 +22,11 @@ CHART_DIR = ROOT / "charts" / "kelvin"
 CI_DIR = CHART_DIR / "ci"
 RELEASE = "kelvin"
 NAMESPACE = "kelvin"
-COMPONENTS = ("pusher", "collect-agent", "query-api", "allocator")
+COMPONENTS = ("pusher", "collect-agent", "query-api", "allocator", "slurm-bridge")
 """Kelvin's services, by their `kelvin run` name (= the `app.kubernetes.io/component` label)."""
+OPTIONAL = {"pusher": ("pusher", True), "allocator": ("allocator", True),
+            "slurm-bridge": ("slurmBridge", False)}  # fmt: skip
+"""Components a values file may switch off: (values key, enabled by default)."""
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 K8S_VERSIONS = ("1.25.0", "1.30.0", kubernetes_validate.latest_version())
 """The oldest Kubernetes the chart supports (Chart.yaml kubeVersion), a middle one, the newest known."""
@@ -93,6 +96,14 @@ class Rendered:
 
     def is_hook(self, obj: Obj) -> bool:
         return "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+
+
+def is_enabled(rendered: Rendered, component: str) -> bool:
+    """Whether ``rendered`` runs ``component`` (every component but the optional ones does)."""
+    if component not in OPTIONAL:
+        return True
+    key, default = OPTIONAL[component]
+    return bool(rendered.values.get(key, {}).get("enabled", default))
 
 
 def pod_specs(rendered: Rendered) -> Iterator[tuple[Obj, Obj]]:

@@ -22,6 +22,7 @@ from tests.packaging.chart import (
     Obj,
     Rendered,
     containers,
+    is_enabled,
     pod_specs,
 )
 from tests.packaging.conftest import VALUES
@@ -126,9 +127,7 @@ def test_kelvin_containers_run_kelvin_run_component(rendered: Rendered) -> None:
     from services.cli import build_parser
 
     for component in COMPONENTS:
-        if component in ("pusher", "allocator") and not rendered.values.get(
-            "pusher" if component == "pusher" else "allocator", {}
-        ).get("enabled", True):
+        if not is_enabled(rendered, component):
             continue
         (c,) = containers(rendered.workload(component)["spec"]["template"]["spec"])
         assert "command" not in c, "command would bypass the image's entrypoint (kelvin)"
@@ -151,10 +150,14 @@ def test_pods_run_as_non_root_with_read_only_root(rendered: Rendered) -> None:
             assert sc["capabilities"]["drop"] == ["ALL"], f"{where}/{c['name']}"
             assert "add" not in sc["capabilities"] and not sc.get("privileged"), where
         for c in containers(spec, init=True):
+            sc = c["securityContext"]
+            if c["name"] == "mqtt-credentials":  # as unprivileged as the main containers
+                assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"]
+                assert sc["allowPrivilegeEscalation"] is False, f"{where}/{c['name']}"
+                continue
             # The pusher's node-setup step is the one root container: CHOWN, and FOWNER
             # to chmod the state directory once it is the pusher's (test_pusher_node_setup).
             assert c["name"] == "node-setup", f"{where}: unexpected init container {c['name']}"
-            sc = c["securityContext"]
             state = rendered.values.get("pusher", {}).get("stateHostPath")
             caps = ["CHOWN", "FOWNER"] if state else ["CHOWN"]
             assert sc["capabilities"] == {"drop": ["ALL"], "add": caps}, where

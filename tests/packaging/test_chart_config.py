@@ -26,7 +26,7 @@ from services.common.auth import Role, hashed
 from services.common.auth_settings import AuthSettings
 from services.common.settings import Config, LoggingSettings, SectionSettings
 from services.common.storage.settings import StorageSettings
-from tests.packaging.chart import COMPONENTS, Obj, Rendered, containers
+from tests.packaging.chart import COMPONENTS, Obj, Rendered, containers, is_enabled
 
 EXISTING_SECRETS = {
     "kelvin-broker": {
@@ -113,8 +113,7 @@ def load_settings(
 
 
 def _enabled(rendered: Rendered, component: str) -> bool:
-    key = {"pusher": "pusher", "allocator": "allocator"}.get(component)
-    return key is None or rendered.values.get(key, {}).get("enabled", True) is not False
+    return is_enabled(rendered, component)
 
 
 def test_every_service_loads_its_settings(
@@ -313,6 +312,8 @@ def test_an_existing_secret_gives_every_service_its_tokens(
     site = EXISTING_SECRETS["kelvin-tokens"]
     assert not [s for s in rendered.of_kind("Secret") if "read-token" in s.get("data", {})]
     for component in COMPONENTS:
+        if not _enabled(rendered, component):
+            continue
         auth = load_settings(rendered, component, tmp_path, monkeypatch)["auth"]
         assert (auth.read_token, auth.write_token, auth.admin_token) == (
             site["read-token"],
@@ -377,3 +378,25 @@ def chart_values(chart: Any) -> dict[str, Rendered]:
     from tests.packaging.conftest import VALUES
 
     return {name: chart.render(values, name) for name, values in VALUES.items()}
+
+
+def test_the_slurm_bridge_gets_its_secrets_and_the_allocator_follows_slurm(
+    everything: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bridge = load_settings(everything, "slurm-bridge", tmp_path, monkeypatch)["slurm_bridge"]
+    assert bridge.slurmrestd_url == "http://slurm-ctl.example.org:6820"
+    assert bridge.notify_token == "notify-token" and bridge.allocator_token is None
+    env = {
+        e["name"]
+        for e in containers(everything.workload("slurm-bridge")["spec"]["template"]["spec"])[0][
+            "env"
+        ]
+    }
+    assert "KELVIN_AUTH_ADMIN_TOKEN" in env  # the admin token it sends to the allocator
+    assert bridge.allocator_url == "http://kelvin-allocator:8083"
+    assert bridge.node_names == "n[01-40]" and bridge.partitions == ["kelvin"]
+    (c,) = everything.workload("slurm-bridge")["spec"]["template"]["spec"]["containers"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert str(bridge.jwt_key_file.parent) in mounts and bridge.token_file is None
+    allocator = load_settings(everything, "allocator", tmp_path, monkeypatch)["allocator"]
+    assert allocator.cluster == "external"

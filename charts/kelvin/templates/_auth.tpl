@@ -102,7 +102,9 @@ under .svc, the ingress hosts and auth.allowedHosts.
 {{- define "kelvin.allowedHosts" -}}
 {{- $ns := .Release.Namespace -}}
 {{- $hosts := list "localhost" -}}
-{{- range $c := list "collect-agent" "query-api" "allocator" "pusher" -}}
+{{- $components := list "collect-agent" "query-api" "allocator" "pusher" -}}
+{{- if .Values.slurmBridge.enabled }}{{ $components = append $components "slurm-bridge" }}{{ end -}}
+{{- range $c := $components -}}
 {{- $name := include "kelvin.componentName" (dict "root" $ "component" $c) -}}
 {{- $hosts = concat $hosts (list $name (printf "%s.%s" $name $ns)) -}}
 {{- end -}}

@@ -11,15 +11,18 @@ Adding a policy: one module with a :func:`register`-ed subclass, one line in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from services.allocator.model import Float64Array, HallModel, IntArray
 from services.common.errors import ConfigError
+
+PEAK_TOLERANCE_C = 1e-4
+"""Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class View:
     model: HallModel
     free: npt.NDArray[np.bool_]
     powers_w: Float64Array
+    memo: dict[str, Any] = field(default_factory=dict)
+    """What one decision computes once and several steps reuse (keyed by what it is)."""
 
     @cached_property
     def free_idx(self) -> IntArray:

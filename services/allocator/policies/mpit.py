@@ -38,17 +38,23 @@ from __future__ import annotations
 
 import heapq
 import time
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from services.allocator.model import Float64Array, IntArray
-from services.allocator.policies.base import Policy, Request, View, distinct, register
+from services.allocator.policies.base import (
+    PEAK_TOLERANCE_C,
+    Policy,
+    Request,
+    View,
+    distinct,
+    register,
+)
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Problem, Reduced, layered_search, reduce
 
-PEAK_TOLERANCE_C = 1e-4
-"""Peaks this close count as equal: far above HiGHS's 1e-6 optimality gap, far below physics."""
 SEARCH_MAX_STATES = 2_000
 """The layered search hands over to the MILP when a layer holds more states (tens on real halls)."""
 SWAP_OUT_LIMIT = 32
@@ -78,6 +84,16 @@ class _Columns:
         self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
         self.nonempty = np.diff(self.indptr) > 0
         self.starts = self.indptr[:-1][self.nonempty]
+        self._today: Float64Array | None = None
+        self.view = view
+
+    def today(self) -> Float64Array:
+        """:meth:`peaks` of today's inlets, floored at today's peak (the shortcut and greedy
+        both start from it)."""
+        if self._today is None:
+            tin = self.view.inlet_c
+            self._today = self.peaks(tin, float(tin.max()))
+        return self._today
 
     def peaks(self, tin: Float64Array, floor: float) -> Float64Array:
         """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
@@ -97,7 +113,7 @@ def _cheapest_within(
     n of them are feasible together they are stage 2's optimum: no MILP needed.
     This is the common case (a job that does not move the hall's hot spot).
     """
-    ok = np.flatnonzero(cols.peaks(view.inlet_c, float(view.inlet_c.max())) <= bound)
+    ok = np.flatnonzero(cols.today() <= bound)
     if len(ok) < n:
         return None
     pick = ok[np.argsort(cost[ok], kind="stable")[:n]]
@@ -108,7 +124,27 @@ def _cheapest_within(
 def tie_costs(view: View, rise: Float64Array, n: int) -> Float64Array:
     """Stage 2's integer cost per free node: ``q_j M + j`` (total rise in mK, then index)."""
     free = view.free_idx
-    return total_rise_mk(view, rise, free) * (n * view.model.n + 1) + free
+    return _free_rise_mk(view, rise) * (n * view.model.n + 1) + free
+
+
+def _memo(view: View, what: str, rise: Float64Array, make: Any) -> Any:
+    """``make()`` once per decision and power rise (the shortcut and greedy share these)."""
+    hit = view.memo.get(what)
+    if hit is None or hit[0] is not rise:
+        hit = view.memo[what] = (rise, make())
+    return hit[1]
+
+
+def _columns(view: View, rise: Float64Array) -> _Columns:
+    cols: _Columns = _memo(view, "mpit-columns", rise, lambda: _Columns(view, rise))
+    return cols
+
+
+def _free_rise_mk(view: View, rise: Float64Array) -> Float64Array:
+    q: Float64Array = _memo(
+        view, "mpit-rise", rise, lambda: total_rise_mk(view, rise, view.free_idx)
+    )
+    return q
 
 
 def keeps_peak(view: View, rise: Float64Array, n: int) -> IntArray | None:
@@ -126,7 +162,7 @@ def _within_today(view: View, rise: Float64Array, n: int) -> tuple[IntArray | No
     """Stage 2's answer if t* were today's peak (or None), and whether it keeps today's peak."""
     now = float(view.inlet_c.max())
     cost = tie_costs(view, rise, n)
-    quick = _cheapest_within(view, rise, _Columns(view, rise), cost, n, now + PEAK_TOLERANCE_C)
+    quick = _cheapest_within(view, rise, _columns(view, rise), cost, n, now + PEAK_TOLERANCE_C)
     return quick, quick is not None and peak_after(view, rise, quick) <= now
 
 
@@ -194,52 +230,75 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     so stale heap keys are lower bounds; a popped node whose recomputed key is
     unchanged is the true minimum. Each step touches a few columns, not all.
     """
-    cols = _Columns(view, rise)
+    cols = _columns(view, rise)
     free, indptr, indices, data = cols.free, cols.indptr, cols.indices, cols.data
-    q = total_rise_mk(view, rise, free)
+    q = _free_rise_mk(view, rise)
     tin = view.inlet_c.copy()
     peak = float(tin.max())
-    start = np.round(cols.peaks(tin, peak), 9)
-    heap = [
-        (float(p), float(qj), int(fj), j)
-        for j, (p, qj, fj) in enumerate(zip(start, q, free, strict=True))
-    ]
+    start = np.round(cols.today(), 9)
+    # Heap entries (key, rank): rank orders the ties by (total rise, index), so two-element
+    # tuples compare as the four-element (key, q, index, position) did, only faster.
+    by_rank = np.lexsort((free, q))
+    rank = np.empty(len(free), dtype=np.int64)
+    rank[by_rank] = np.arange(len(free))
+    heap = list(zip(start.tolist(), rank.tolist(), strict=True))
     heapq.heapify(heap)
+    bounds = indptr.tolist()
+    position = by_rank.tolist()
+    node = free.tolist()
+    pop, push = heapq.heappop, heapq.heappush
     chosen: list[int] = []
     while len(chosen) < n:
-        key, qj, fj, j = heapq.heappop(heap)
-        a, b = indptr[j], indptr[j + 1]
-        col = float((tin[indices[a:b]] + data[a:b]).max()) if b > a else peak
-        fresh = round(max(peak, col), 9)
+        key, r = pop(heap)
+        j = position[r]
+        a, b = bounds[j], bounds[j + 1]
+        if b > a:
+            rows, heat = indices[a:b], data[a:b]
+            fresh = round(max(peak, float((tin[rows] + heat).max())), 9)
+        else:
+            fresh = round(peak, 9)
         if fresh > key:
-            heapq.heappush(heap, (fresh, qj, fj, j))
+            push(heap, (fresh, r))
             continue
-        tin[indices[a:b]] += data[a:b]
+        if b > a:
+            tin[rows] += heat
         peak = max(peak, fresh)
-        chosen.append(fj)
+        chosen.append(node[j])
     return np.sort(np.array(chosen, dtype=np.int64))
 
 
 def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) -> list[IntArray]:
-    """The ``k`` best sets one swap away from ``chosen``, by resulting peak."""
+    """The ``k`` best sets one swap away from ``chosen``, by resulting peak.
+
+    Only the rows the swapped nodes heat can change; every other row enters as
+    one constant, so the cost follows D's non-zeros, not the hall's size.
+    """
     if k <= 0:
         return []
-    d = view.model.d_rows
+    d = view.model.d_csc
     outside = np.setdiff1d(view.free_idx, chosen)
     if outside.size == 0:
         return []
     tin = view.inlet_c + d[:, chosen] @ rise[chosen]
     hot = int(np.argmax(tin))
-    outs = chosen[np.argsort(-d[hot, chosen] * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]
+    hot_row = np.asarray(view.model.d_csr[hot, chosen].toarray()).ravel()
+    outs = chosen[np.argsort(-hot_row * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]
     ins = outside[np.argsort(total_rise_mk(view, rise, outside), kind="stable")][:SWAP_IN_LIMIT]
-    add = d[:, ins] * rise[ins]
-    scored: list[tuple[float, int, int]] = []
-    for u in outs.tolist():
-        base = tin - d[:, u] * rise[u]
-        peaks = (base[:, None] + add).max(axis=0)
-        scored.extend((float(p), u, int(v)) for p, v in zip(peaks, ins, strict=True))
-    scored.sort()
-    sets = [np.sort(np.r_[chosen[chosen != u], v]) for _, u, v in scored[: 4 * k]]
+    cols = d[:, np.r_[outs, ins]].tocsr()
+    rows = np.flatnonzero(np.diff(cols.indptr))
+    block = np.asarray(cols[rows].toarray()) * rise[np.r_[outs, ins]]
+    rest = np.delete(tin, rows)
+    floor = float(rest.max()) if rest.size else -np.inf
+    add = block[:, len(outs) :]
+    peaks = np.full((len(outs), len(ins)), floor)
+    if rows.size:
+        for a in range(len(outs)):
+            base = tin[rows] - block[:, a]
+            peaks[a] = np.maximum((base[:, None] + add).max(axis=0), floor)
+    # by peak, then the node swapped out, then the one swapped in
+    us, vs = np.repeat(outs, len(ins)), np.tile(ins, len(outs))
+    best = np.lexsort((vs, us, peaks.ravel()))[: 4 * k]
+    sets = [np.sort(np.r_[chosen[chosen != us[i]], vs[i]]) for i in best.tolist()]
     return distinct(sets, k)
 
 

@@ -14,7 +14,7 @@ A hall file names the layout, the recirculation model (``d_matrix``, or
     redline_c: 30
     cop_coeffs: [0.0068, 0.0008, 0.458]
     d_matrix: reference-40.D.txt # K/W; text (one row per line) or .npy, relative to this file,
-                                 # or an inline list of rows
+                                 # or an inline list of rows; a sparse .npz for large halls
     # a_matrix: cfd.A.txt        # instead of d_matrix: outlet->inlet heat fractions
     # k_w_per_k: 293.5           # with a_matrix: ρ f c_p, one value or one per node
     absent: []                   # node indices that do not exist (draw no power, no inlet)
@@ -168,18 +168,29 @@ def hall_to_doc(hall: Hall, d_matrix_file: str | None = None) -> dict[str, Any]:
         "supply_c": hall.supply_c,
         "redline_c": hall.redline_c,
         "cop_coeffs": list(hall.cop_coeffs),
-        "d_matrix": d_matrix_file or hall.d_matrix.tolist(),
+        "d_matrix": d_matrix_file or np.asarray(_dense(hall.d_matrix)).tolist(),
     }
     if hall.present is not None:
         doc["absent"] = np.flatnonzero(~hall.present).tolist()
     return doc
 
 
+def _dense(d: Any) -> Any:
+    return d.toarray() if hasattr(d, "toarray") else d
+
+
 def save_hall(hall: Hall, path: str | Path) -> Path:
-    """Write ``path`` (YAML) and its D beside it as ``<stem>.D.txt``; returns the hall file."""
+    """Write ``path`` (YAML) and its D beside it as ``<stem>.D.txt`` (a sparse D as
+    ``<stem>.D.npz``); returns the hall file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    d_name = f"{p.stem}.D.txt"
-    np.savetxt(p.parent / d_name, hall.d_matrix, fmt="%.10e")
+    if hall.sparse:
+        import scipy.sparse as sp
+
+        d_name = f"{p.stem}.D.npz"
+        sp.save_npz(p.parent / d_name, hall.d_matrix)
+    else:
+        d_name = f"{p.stem}.D.txt"
+        np.savetxt(p.parent / d_name, hall.d_matrix, fmt="%.10e")
     p.write_text(yaml.safe_dump(hall_to_doc(hall, d_name), sort_keys=False), encoding="utf-8")
     return p

@@ -3,7 +3,10 @@
 On every read the plugin asks the allocator for the current placement
 (``GET {allocator_url}/api/v1/hall``): which nodes are busy, with which job,
 and each node's average power (``power_w``, the phase-weighted power of its
-job; without it busy -> the hall's busy power, idle -> idle power). What a
+job; without it busy -> the hall's busy power, idle -> idle power). When the
+allocator follows Slurm (``allocator.cluster: external``) these are Slurm's
+running jobs; nodes chosen for a job Slurm has not started yet (``state:
+placed``) stay idle. What a
 node draws at the sampled instant comes from
 :mod:`services.pusher.plugins.datacenter_load`: busy nodes alternate compute
 (3500 W) and communication (2700 W) phases whose time average is the
@@ -171,6 +174,9 @@ def parse_placement(hall: Hall, doc: Any) -> Placement:
             i = int(node["index"])
             if not 0 <= i < n:
                 raise KelvinError(f"allocator node index {i} outside 0..{n - 1}")
+            # A job placed but not yet started by its workload manager does not heat anything.
+            if node.get("state") == "placed":
+                continue
             busy[i] = bool(node.get("busy", False))
             if node.get("job") is not None:
                 jobs[i] = str(node["job"])

@@ -1,0 +1,1 @@
+"""The Slurm bridge: Kelvin's allocator places the jobs of a real Slurm cluster."""
