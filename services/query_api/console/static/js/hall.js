@@ -308,7 +308,9 @@ export class HallView {
       const absent = n.present === false;
       const tin = absent ? null : this.tempOf(n);
       const hot = !errorMode && tin !== null && tin > redline;
-      if (hot) over.push(n.index);
+      // Counted whatever the colouring: the measured inlets (the predicted ones when shown).
+      const judged = absent ? null : errorMode ? this.tempOf(n, "measured") : tin;
+      if (judged !== null && judged > redline) over.push(n.index);
       const fill = absent ? "transparent" : tin === null ? "#b8bec6" : errorMode ? errorColour(tin) : tempColour(tin, redline);
       c.cell.setAttribute("fill", fill);
       c.t1.setAttribute("fill", absent ? "currentColor" : inkOn(fill));
@@ -351,11 +353,11 @@ export class HallView {
   }
 
   /** The number a node is coloured by: measured or predicted inlet, or the model's error. */
-  tempOf(n) {
+  tempOf(n, mode = this.mode) {
     const predicted = Number.isFinite(n.predicted_tin_c) ? n.predicted_tin_c : null;
-    if (this.mode === "predicted") return predicted;
+    if (mode === "predicted") return predicted;
     const measured = this.fresh(this.measured.get(this.inletSensor(n)));
-    if (this.mode === "measured") return measured;
+    if (mode === "measured") return measured;
     if (measured === null || predicted === null) return null;
     // Rises over each one's supply: the CRAC's measured supply moves, the model's is fixed.
     const supply = this.measuredSupply();
@@ -470,7 +472,7 @@ export class HallView {
       this.els.legend.replaceChildren(
         h("div", {}, MODE_LABEL.error),
         h("div", { class: "bar", style: { background: `linear-gradient(to right, ${DIVERGING.join(", ")})` } }),
-        h("div", { class: "ends" }, h("span", {}, `−${ERROR_SPAN_C} °C`), h("span", {}, "0"), h("span", {}, `+${ERROR_SPAN_C} °C`)),
+        h("div", { class: "ends three" }, h("span", {}, `−${ERROR_SPAN_C} °C`), h("span", {}, "0"), h("span", {}, `+${ERROR_SPAN_C} °C`)),
       );
       return;
     }
