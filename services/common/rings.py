@@ -33,11 +33,8 @@ class _Class:
     position, so a batch of them writes one row, sequentially in memory.
     """
 
-    def __init__(self, cap: int, compiled: bool = True) -> None:
+    def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._core = native.module() if compiled else None
-        """The compiled ring writes (csrc/rings.c), or None: the numpy code below."""
-        self._scratch = np.zeros(0, np.int32)
         self.ts: Int64Array = np.zeros((cap, 0), np.int64)
         self.vs: Float64Array = np.zeros((cap, 0), np.float64)
         self.used = 0
@@ -47,11 +44,14 @@ class _Class:
     def give_back(self, cols: Int64Array) -> None:
         self.free = np.concatenate((self.free, cols)) if self.free.shape[0] else cols
 
-    def take_rows(self, n: int) -> Int64Array:
+    def take_rows(self, n: int, sensors: int = 0) -> Int64Array:
+        """``n`` free columns; ``sensors`` (all the rings hold) sizes a growth: every sensor
+        may come to this capacity, and columns never written cost no memory (a row's
+        tail is never touched), while each reallocation copies what is there."""
         got, self.free = self.free[:n], self.free[n:]
         fresh = n - got.shape[0]
         if self.used + fresh > self.ts.shape[1]:
-            cols = max(self.used + fresh, 2 * self.ts.shape[1], 64)
+            cols = max(self.used + fresh, 2 * self.ts.shape[1], 64, sensors)
             ts = np.zeros((self.cap, cols), np.int64)
             vs = np.zeros((self.cap, cols), np.float64)
             ts[:, : self.used], vs[:, : self.used] = (
@@ -182,7 +182,7 @@ class Rings:
         ids = [i if i >= 0 else next(it) for i in ids]
         arr = np.array(ids, np.int64)
         self._cls[arr] = 0
-        self._row[arr] = self._classes[0].take_rows(len(ids))
+        self._row[arr] = self._classes[0].take_rows(len(ids), len(self.ids) + len(ids))
         self._pos[arr] = 0
         self._n[arr] = 0
         self.ids.update(zip(new, ids, strict=True))
@@ -202,7 +202,7 @@ class Rings:
             n, pos = self._n[move], self._pos[move]
             col = ((pos - n)[:, None] + np.arange(a.cap)) % a.cap  # oldest first
             rows = self._row[move]
-            new_rows = b.take_rows(move.shape[0])
+            new_rows = b.take_rows(move.shape[0], len(self.ids))
             b.ts[: a.cap, new_rows] = a.ts[col, rows[:, None]].T
             b.vs[: a.cap, new_rows] = a.vs[col, rows[:, None]].T
             a.give_back(rows)
