@@ -11,8 +11,8 @@ up: install
 	$(BIN)/kelvin up --demo $(ARGS)
 
 test:
-	@scripts/bootstrap.sh test,plugins
 	@scripts/install-peers.sh
+	@scripts/bootstrap.sh test,plugins
 	$(BIN)/ruff check services tests benchmarks
 	$(BIN)/ruff format --check services tests benchmarks
 	$(BIN)/mypy
@@ -30,8 +30,8 @@ lint:
 	$(BIN)/mypy
 
 bench:
-	@scripts/bootstrap.sh test,plugins
 	@scripts/install-peers.sh
+	@scripts/bootstrap.sh test,plugins
 	$(BIN)/python -m benchmarks
 
 clean:

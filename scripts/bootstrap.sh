@@ -47,6 +47,10 @@ fi
 stamp="$venv/.installed${extras:+-$extras}"
 # (the compiled core is rebuilt when its C sources change: services/common/native.py)
 stale=$(find pyproject.toml setup.py services/common/csrc -newer "$stamp" 2>/dev/null | head -1 || true)
+# built without the core, and a C compiler there now (scripts/install-peers.sh): build it
+if [ -z "$stale" ] && ! ls services/common/_native*.so >/dev/null 2>&1 && command -v cc >/dev/null 2>&1; then
+  stale=native
+fi
 if [ ! -f "$stamp" ] || [ -n "$stale" ]; then
   spec="."
   [ -n "$extras" ] && spec=".[$extras]"

@@ -30,6 +30,11 @@ have slurmrestd || need+=(slurmrestd)
 have munged || need+=(munge)
 [ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || [ -e /usr/lib/aarch64-linux-gnu/slurm-wlm/auth_jwt.so ] \
   || need+=(slurm-wlm-jwt-plugin)
+# Kelvin's compiled core (services/common/csrc; scripts/bootstrap.sh builds it once these are here)
+have cc || need+=(gcc libc6-dev)
+py=python3; [ -x "$(dirname "$0")/../.venv/bin/python" ] && py="$(dirname "$0")/../.venv/bin/python"
+"$py" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \
+  || need+=(python3-dev)
 # `scripts/install-peers.sh image` (make image-test): what builds and runs the image.
 if [ "${1:-}" = image ]; then
   have podman || need+=(podman)
