@@ -13,7 +13,7 @@ import importlib
 import os
 from types import ModuleType
 
-ABI = 1
+ABI = 2
 """What the Python side expects (``KELVIN_NATIVE_ABI`` in csrc/native.h): a module built
 from older sources is not used."""
 

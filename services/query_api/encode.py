@@ -25,7 +25,8 @@ def numbers(arr: np.ndarray[Any, Any]) -> memoryview:
     core = csvfast.compiled
     if core is None or arr.dtype not in (np.float64, np.int64):
         return memoryview(orjson.dumps(np.ascontiguousarray(arr), option=_NUMPY))[1:-1]
-    return memoryview(core.json_numbers(np.ascontiguousarray(arr), arr.dtype == np.float64))
+    buf, used = core.json_numbers(np.ascontiguousarray(arr), arr.dtype == np.float64)
+    return memoryview(buf)[:used]
 
 
 def _array_chunks(arr: np.ndarray[Any, Any], chunk: int) -> Iterator[bytes | memoryview]:

@@ -8,7 +8,7 @@
 
 /* Bumped whenever a function's arguments or results change: the Python side refuses
    a module built from older sources (services/common/native.py). */
-#define KELVIN_NATIVE_ABI 1
+#define KELVIN_NATIVE_ABI 2
 
 extern PyTypeObject LineTablesType;
 int lineproto_init(PyObject *module);
