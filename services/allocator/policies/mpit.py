@@ -36,7 +36,6 @@ keys), scanning only D's non-zeros. Runner-ups are the best single swaps
 
 from __future__ import annotations
 
-import heapq
 import time
 from typing import Any
 
@@ -52,6 +51,7 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
+from services.allocator.policies.mpit_greedy import greedy_positions
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Problem, Reduced, layered_search, reduce
 
@@ -79,9 +79,10 @@ class _Columns:
     def __init__(self, view: View, rise: Float64Array) -> None:
         self.free = view.free_idx
         cols = view.model.d_csc[:, self.free].tocsc()
-        cols.sort_indices()
+        cols.sum_duplicates()  # canonical: sorted rows, each once (the greedy adds per entry)
         self.indptr, self.indices = cols.indptr, cols.indices
         self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
+        self.heat = sp.csc_matrix((self.data, self.indices, self.indptr), shape=cols.shape)
         self.nonempty = np.diff(self.indptr) > 0
         self.starts = self.indptr[:-1][self.nonempty]
         self._today: Float64Array | None = None
@@ -226,45 +227,14 @@ def solve_exact(
 def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     """Add, n times, the free node that raises the peak least (ties: least total rise, index).
 
-    Lazy evaluation: a node's candidate peak can only grow as the job grows,
-    so stale heap keys are lower bounds; a popped node whose recomputed key is
-    unchanged is the true minimum. Each step touches a few columns, not all.
+    A lazy heap's order (a node's candidate peak only grows as the job grows,
+    so stale keys are lower bounds), with the steps that leave the peak where
+    it is taken in numpy chunks: :mod:`.mpit_greedy`.
     """
     cols = _columns(view, rise)
-    free, indptr, indices, data = cols.free, cols.indptr, cols.indices, cols.data
-    q = _free_rise_mk(view, rise)
-    tin = view.inlet_c.copy()
-    peak = float(tin.max())
-    start = np.round(cols.today(), 9)
-    # Heap entries (key, rank): rank orders the ties by (total rise, index), so two-element
-    # tuples compare as the four-element (key, q, index, position) did, only faster.
-    by_rank = np.lexsort((free, q))
-    rank = np.empty(len(free), dtype=np.int64)
-    rank[by_rank] = np.arange(len(free))
-    heap = list(zip(start.tolist(), rank.tolist(), strict=True))
-    heapq.heapify(heap)
-    bounds = indptr.tolist()
-    position = by_rank.tolist()
-    node = free.tolist()
-    pop, push = heapq.heappop, heapq.heappush
-    chosen: list[int] = []
-    while len(chosen) < n:
-        key, r = pop(heap)
-        j = position[r]
-        a, b = bounds[j], bounds[j + 1]
-        if b > a:
-            rows, heat = indices[a:b], data[a:b]
-            fresh = round(max(peak, float((tin[rows] + heat).max())), 9)
-        else:
-            fresh = round(peak, 9)
-        if fresh > key:
-            push(heap, (fresh, r))
-            continue
-        if b > a:
-            tin[rows] += heat
-        peak = max(peak, fresh)
-        chosen.append(node[j])
-    return np.sort(np.array(chosen, dtype=np.int64))
+    by_rank = np.lexsort((cols.free, _free_rise_mk(view, rise)))
+    picks = greedy_positions(cols.heat, view.inlet_c.copy(), cols.today(), by_rank, n)
+    return np.sort(cols.free[np.array(picks, dtype=np.int64)])
 
 
 def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) -> list[IntArray]:
