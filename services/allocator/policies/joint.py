@@ -24,8 +24,9 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
-from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at, shell_scores
+from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at
 from services.allocator.policies.mpit import Mpit, peak_after
+from services.allocator.policies.shells import shell_scores
 
 INCREMENTAL_MIN_NODES = 256
 """From this job size on, a centre's peak is the previous allocation's inlets plus the nodes
