@@ -116,6 +116,26 @@ class HallModel:
         return sp.csc_matrix(d)
 
     @cached_property
+    def col_sums(self) -> Float64Array:
+        """Σ_i D_ij over present rows for every node j (bit for bit what summing its column
+        of ``d_csc`` alone gives: the same entries, in the same order)."""
+        return np.asarray(self.d_csc.sum(axis=0), dtype=np.float64).ravel()
+
+    def inlet_rise(self, nodes: IntArray, rise: Float64Array) -> Float64Array:
+        """``d_csc[:, nodes] @ rise[nodes]``: what the nodes' power rise adds to every inlet.
+
+        For ascending, distinct ``nodes`` each row's sum runs over their columns in
+        index order; so does the whole D times the rise set to 0 elsewhere (adding
+        0.0 changes no sum), which for many nodes is cheaper than copying their columns.
+        """
+        d = self.d_csc
+        if 8 * len(nodes) < self.n or not bool(np.all(np.diff(nodes) > 0)):
+            return np.asarray(d[:, nodes] @ rise[nodes], dtype=np.float64)
+        masked = np.zeros(self.n)
+        masked[nodes] = rise[nodes]
+        return np.asarray(d @ masked, dtype=np.float64)
+
+    @cached_property
     def d_csr(self) -> sp.csr_matrix:
         """All of D, sparse: recirculation is local, so Tin costs O(nnz) not O(N²)."""
         return sp.csr_matrix(self.hall.d_matrix)

@@ -65,8 +65,8 @@ class ShellHeat:
         """Every inlet once ``inner`` is busy (absent nodes at -inf)."""
         key = inner.tobytes()
         if self._base is None or self._base[0] != key:
-            d = self.view.model.d_csc
-            self._base = (key, self.view.inlet_c + d[:, inner] @ self.rise[inner])
+            rise = self.view.model.inlet_rise(inner, self.rise)
+            self._base = (key, self.view.inlet_c + rise)
         return self._base[1]
 
     def add_many(self, base: Float64Array, shell: IntArray, nodes: IntArray) -> None:
@@ -87,7 +87,8 @@ class ShellHeat:
         """The shell's heat columns (D's columns times each node's power rise), once per shell."""
         key = shell.tobytes()
         if self._cols is None or self._cols[0] != key:
-            heat = sp.csc_matrix(self.view.model.d_csc[:, shell] @ sp.diags(self.rise[shell]))
+            heat = self.view.model.d_csc[:, shell]  # a copy, scaled in place
+            heat.data *= np.repeat(self.rise[shell], np.diff(heat.indptr))
             self._cols = (key, heat)
         return self._cols[1]
 
@@ -215,9 +216,7 @@ def _greedy_fill(to_inner: Float64Array, among: Float64Array, need: int, heat: H
     added = to_inner.copy()
     taken: list[int] = []
     pending: list[int] = []  # taken since the tie-breaker's inlets were last brought up to date
-    if heat is not None:
-        h, inner, shell = heat
-        base = h.base(inner).copy()
+    base: Float64Array | None = None  # the tie-breaker's inlets, from the first tie on
     # whole distances (integer weights) stay whole numbers far below 2^53 / 1e9, which
     # round(·, 9) returns unchanged: then the costs need no rounding at every step
     whole = _whole(added) and _whole(among)
@@ -228,6 +227,9 @@ def _greedy_fill(to_inner: Float64Array, among: Float64Array, need: int, heat: H
         if heat is not None:
             best = np.flatnonzero(cost == cost[j])
             if len(best) > 1:
+                h, inner, shell = heat
+                if base is None:
+                    base = h.base(inner).copy()
                 if pending:
                     h.add_many(base, shell, np.array(pending))
                     pending.clear()

@@ -63,13 +63,12 @@ SWAP_IN_LIMIT = 64
 
 def total_rise_mk(view: View, rise: Float64Array, nodes: IntArray) -> Float64Array:
     """q_j: total inlet rise over present nodes caused by node j joining, in whole mK."""
-    colsum = np.asarray(view.model.d_csc[:, nodes].sum(axis=0)).ravel()
-    return np.floor(1000.0 * colsum * rise[nodes])
+    return np.floor(1000.0 * view.model.col_sums[nodes] * rise[nodes])
 
 
 def peak_after(view: View, rise: Float64Array, nodes: IntArray) -> float:
     """max Tin over present nodes once ``nodes`` draw the job's power."""
-    tin = view.inlet_c + view.model.d_csc[:, nodes] @ rise[nodes]
+    tin = view.inlet_c + view.model.inlet_rise(nodes, rise)
     return float(tin.max())
 
 
@@ -78,11 +77,11 @@ class _Columns:
 
     def __init__(self, view: View, rise: Float64Array) -> None:
         self.free = view.free_idx
-        cols = view.model.d_csc[:, self.free].tocsc()
+        cols = view.model.d_csc[:, self.free].tocsc()  # a copy: scaled in place below
         cols.sum_duplicates()  # canonical: sorted rows, each once (the greedy adds per entry)
-        self.indptr, self.indices = cols.indptr, cols.indices
-        self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
-        self.heat = sp.csc_matrix((self.data, self.indices, self.indptr), shape=cols.shape)
+        cols.data *= np.repeat(rise[self.free], np.diff(cols.indptr))
+        self.heat = cols
+        self.indptr, self.indices, self.data = cols.indptr, cols.indices, cols.data
         self.nonempty = np.diff(self.indptr) > 0
         self.starts = self.indptr[:-1][self.nonempty]
         self._today: Float64Array | None = None
@@ -100,7 +99,9 @@ class _Columns:
         """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
         out = np.full(len(self.free), floor)
         if self.data.size:
-            tops = np.maximum.reduceat(tin[self.indices] + self.data, self.starts)
+            values = tin[self.indices]
+            values += self.data
+            tops = np.maximum.reduceat(values, self.starts)
             out[self.nonempty] = np.maximum(floor, tops)
         return out
 
@@ -249,7 +250,7 @@ def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) ->
     outside = np.setdiff1d(view.free_idx, chosen)
     if outside.size == 0:
         return []
-    tin = view.inlet_c + d[:, chosen] @ rise[chosen]
+    tin = view.inlet_c + view.model.inlet_rise(chosen, rise)
     hot = int(np.argmax(tin))
     hot_row = np.asarray(view.model.d_csr[hot, chosen].toarray()).ravel()
     outs = chosen[np.argsort(-hot_row * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]
