@@ -15,9 +15,7 @@ async def test_one_job_is_found_by_its_key_not_by_reading_every_job(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await api.write(f"{NODE}/power", np.arange(-40, 101, 10), np.full(15, 2000.0), unit="W")
-    await api.storage.put_job(
-        JobRecord(job_id="9", start_ns=T0, end_ns=T0 + 50 * S, nodes=(NODE,))
-    )
+    await api.storage.put_job(JobRecord(job_id="9", start_ns=T0, end_ns=T0 + 50 * S, nodes=(NODE,)))
     await api.storage.put_job(JobRecord(job_id="9", domain_id="other", start_ns=T0 + 5 * S))
 
     async def every_job(*_: object) -> list[JobRecord]:
