@@ -45,6 +45,7 @@ from services.common.settings import Config
 from services.common.storage import StorageBackend
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
+from tests.support.auth import AUTH_SECTION, MQTT_LOGIN
 
 SENSORS = 1000
 SCENARIOS = [  # (label, readings per message, messages full, messages quick)
@@ -94,13 +95,15 @@ async def kelvin(
             "collect_agent": {"host": "127.0.0.1", "port": 0, "mqtt_port": 0,
                               "spool_dir": str(work / "spool"), "cache_window_s": 60},
             "storage": storage,
+            "auth": AUTH_SECTION,  # on, as by default: the load generator logs in with a token
         }
     )  # fmt: skip
     agent = create_service(cfg)
     await agent.start()
     try:
         assert agent.mqtt_port
-        res = await _loadgen(*_publish_args(agent.mqtt_port, messages, readings))
+        login = ["--username", MQTT_LOGIN["username"], "--password", MQTT_LOGIN["password"]]
+        res = await _loadgen(*_publish_args(agent.mqtt_port, messages, readings), *login)
         await agent.spool.wait_empty()
         stored_s = time.time() - res["start"]
         assert agent.storage is not None
@@ -132,7 +135,7 @@ async def count_back(storage: StorageBackend, messages: int, readings: int) -> N
 async def _latency(port: int, n: int = 300) -> dict[str, float]:
     """Publish -> PUBACK round trips of one client at low load (spool fsync included)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(mp.connect("latency-probe"))
+    writer.write(mp.connect("latency-probe", **MQTT_LOGIN))
     await reader.readexactly(4)
     rtts = []
     for i in range(n):

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.loadgen_mqtt import TS0, dcdb_packets, publish
+from benchmarks.loadgen_mqtt import TS0, Login, dcdb_packets, publish
 from services.common.readings import Batch
+from tests.support.auth import MQTT_LOGIN
 
 SENSORS = 1000
 PER_MESSAGE = 100
@@ -45,7 +46,7 @@ def _stats(agent: Any) -> dict[str, Any]:
 
 def _fill(agent: Any, messages: int) -> int:
     packets = dcdb_packets(messages, PER_MESSAGE, SENSORS)
-    publish(agent.mqtt_port, packets, connections=4)
+    publish(agent.mqtt_port, packets, connections=4, login=Login(**MQTT_LOGIN))
     readings = messages * PER_MESSAGE
     while _stats(agent)["spool"]["pending_readings"] < readings:
         time.sleep(0.05)

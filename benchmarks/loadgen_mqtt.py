@@ -7,6 +7,7 @@ connection, and counts PUBACK bytes instead of parsing them. Run it in a
 subprocess so that it does not share the agent's interpreter::
 
     python -m benchmarks.loadgen_mqtt publish --port 1883 --messages 200000 --readings 1
+    python -m benchmarks.loadgen_mqtt publish --port 1883 --messages 200000 --password TOKEN
     python -m benchmarks.loadgen_mqtt subscribe --port 1883 --expect 200000
     python -m benchmarks.loadgen_mqtt amqtt-broker --port 1883
 
@@ -58,10 +59,21 @@ class _Conn:
     ack_bytes: int = 0
 
 
-def _connect(port: int, client_id: str, host: str = "127.0.0.1") -> socket.socket:
+@dataclass(frozen=True)
+class Login:
+    """An MQTT login; a collect agent takes Kelvin's write or admin token as the password."""
+
+    username: str | None = None
+    password: str | None = None
+
+
+def _connect(
+    port: int, client_id: str, host: str = "127.0.0.1", login: Login = Login()
+) -> socket.socket:
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(mp.connect(client_id, keepalive_s=600))
+    user = login.username if login.username or login.password is None else "loadgen"
+    sock.sendall(mp.connect(client_id, keepalive_s=600, username=user, password=login.password))
     head = sock.recv(4)
     if len(head) < 4 or head[0] != 0x20 or head[3] != 0:
         raise RuntimeError(f"CONNECT refused: {head!r}")
@@ -69,7 +81,12 @@ def _connect(port: int, client_id: str, host: str = "127.0.0.1") -> socket.socke
 
 
 def publish(
-    port: int, packets: list[bytes], connections: int = 4, window: int = 20_000, qos: int = 1
+    port: int,
+    packets: list[bytes],
+    connections: int = 4,
+    window: int = 20_000,
+    qos: int = 1,
+    login: Login = Login(),
 ) -> dict[str, float]:
     """Send ``packets`` round-robin over ``connections``; return when every one is acked."""
     conns = []
@@ -86,7 +103,8 @@ def publish(
                 part, size = [], 0
         if part:
             chunks.append((b"".join(part), len(part)))
-        conns.append(_Conn(_connect(port, f"loadgen-{c}-{time.monotonic_ns()}"), chunks))
+        client_id = f"loadgen-{c}-{time.monotonic_ns()}"
+        conns.append(_Conn(_connect(port, client_id, login=login), chunks))
     sel = selectors.DefaultSelector()
     for c in conns:
         c.sock.setblocking(False)
@@ -219,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=20_000)
     p.add_argument("--qos", type=int, default=1)
     p.add_argument("--ts0", type=int, default=TS0)
+    p.add_argument("--username", help="MQTT user name (default loadgen when --password is set)")
+    p.add_argument("--password", help="MQTT password (a collect agent: its write token)")
     s = sub.add_parser("subscribe")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--expect", type=int, required=True)
@@ -231,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "publish":
         packets = dcdb_packets(a.messages, a.readings, a.sensors, a.qos, a.ts0)
-        result = publish(a.port, packets, a.connections, a.window, a.qos)
+        login = Login(a.username, a.password)
+        result = publish(a.port, packets, a.connections, a.window, a.qos, login)
     else:
         result = subscribe_count(a.port, a.expect, a.topic)
     print(json.dumps(result), flush=True)

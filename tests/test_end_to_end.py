@@ -86,13 +86,32 @@ def test_csv_has_dcdb_header(up: KelvinUp) -> None:
     assert lines[1].startswith(f"{sensor},")
 
 
+def _login(up: KelvinUp, role: Role = Role.WRITE) -> list[str]:
+    """mosquitto_pub's login to kelvin up's MQTT endpoint: a token as the password."""
+    return ["-u", "e2e", "-P", up.token(role)]
+
+
+def test_mqtt_publishing_needs_a_write_or_admin_token(up: KelvinUp) -> None:
+    """Tokens exist, so the endpoint takes logins only (the pusher's and allocator's come
+    from kelvin up); a read token does not publish."""
+    mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
+    base = [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
+            "-t", "/e2e/login/value", "-m", "[1]"]  # fmt: skip
+
+    def pub(*login: str) -> int:
+        return subprocess.run([*base, *login], capture_output=True, timeout=20).returncode
+
+    assert pub() != 0 and pub(*_login(up, Role.READ)) != 0
+    assert pub(*_login(up, Role.WRITE)) == 0 and pub(*_login(up, Role.ADMIN)) == 0
+
+
 def test_mosquitto_pub_dcdb_record_round_trips_exactly(up: KelvinUp, tmp_path: Path) -> None:
     mosquitto_pub = require_binary("mosquitto_pub", "mosquitto-clients")
     value, ts = -1234567890123, 1_764_500_000_123_456_789
     payload = tmp_path / "record.bin"
     payload.write_bytes(value.to_bytes(8, "little", signed=True) + ts.to_bytes(8, "little"))
     subprocess.run(
-        [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
+        [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1", *_login(up),
          "-i", "e2e-probe", "-t", "/e2e/probe/value", "-f", str(payload)],
         check=True, timeout=20,
     )  # fmt: skip
@@ -140,7 +159,7 @@ def test_malformed_payload_is_counted_and_service_keeps_serving(up: KelvinUp) ->
         before = _rejected(client, up.url("collect_agent"), "bad_length")
         subprocess.run(
             [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "0",
-             "-t", "/e2e/bad/value", "-m", "12345"],
+             *_login(up), "-t", "/e2e/bad/value", "-m", "12345"],
             check=True, timeout=20,
         )  # fmt: skip
         deadline = time.monotonic() + 10
@@ -153,7 +172,7 @@ def test_malformed_payload_is_counted_and_service_keeps_serving(up: KelvinUp) ->
         # Still serving: a good reading after the bad one is stored.
         subprocess.run(
             [mosquitto_pub, "-h", "127.0.0.1", "-p", str(up.ports["mqtt"]), "-q", "1",
-             "-t", "/e2e/good/value", "-m", '{"value": 7.25}'],
+             *_login(up), "-t", "/e2e/good/value", "-m", '{"value": 7.25}'],
             check=True, timeout=20,
         )  # fmt: skip
         deadline = time.monotonic() + 10
@@ -203,6 +222,9 @@ def test_every_service_serves_health_and_metrics(up: KelvinUp) -> None:
         assert (
             client.get(f"http://127.0.0.1:{up.ports['allocator']}/healthz").json()["status"] == "ok"
         )
+        # The allocator logged in to the agent's MQTT endpoint with the admin token.
+        allocator = client.get(f"http://127.0.0.1:{up.ports['allocator']}/metrics").text
+        assert "kelvin_allocator_mqtt_connected 1.0" in allocator, up.tail(3000)
 
 
 def test_sigterm_flushes_exits_0_and_frees_every_port(up: KelvinUp) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 from collections import deque
 
 import aiomqtt
@@ -63,6 +64,7 @@ class DecisionPublisher:
         qos: int = 1,
         username: str | None = None,
         password: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.brokers = [parse_broker(b) for b in brokers]
         self.prefix = prefix.rstrip("/")
@@ -70,6 +72,7 @@ class DecisionPublisher:
         self.qos = qos
         self.username = username
         self.password = password
+        self.tls = tls
         self.buffer: deque[tuple[str, bytes]] = deque()
         self.maxlen = maxlen
         self.metadata: list[SensorMetadata] = [
@@ -140,6 +143,7 @@ class DecisionPublisher:
                         identifier=ident,
                         username=self.username,
                         password=self.password,
+                        tls_context=self.tls,
                         timeout=5,
                     ) as client:
                         self._set_connected(True)

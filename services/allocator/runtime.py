@@ -30,6 +30,7 @@ from services.allocator.reliability import ReliabilityModel
 from services.allocator.settings import Settings
 from services.allocator.store import StateStore
 from services.common.errors import ConfigError
+from services.common.mqtt_credentials import client_tls, read_password
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,10 @@ class AllocatorCore:
             settings.publish_buffer,
             settings.mqtt_qos,
             settings.mqtt_username,
-            settings.mqtt_password,
+            read_password(
+                settings.mqtt_password, settings.mqtt_password_file, "allocator.mqtt_password_file"
+            ),
+            client_tls(settings.mqtt_tls, settings.mqtt_tls_ca, "allocator.mqtt_tls_ca"),
         )
         # Every present node's predicted inlet (absent nodes have none); the layout is fixed.
         self.node_indices: list[int] = np.flatnonzero(hall.present_mask).tolist()

@@ -15,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from typing import Any
 
 from fastapi import FastAPI
 
+from services.collect_agent import self_sensors
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
-from services.collect_agent.mqtt_server import EndpointLimits, MqttServer
+from services.collect_agent.mqtt_server import MqttServer
+from services.collect_agent.mqtt_setup import build_endpoint
 from services.collect_agent.orphans import OrphanClaimer
 from services.collect_agent.routes import create_router
 from services.collect_agent.settings import Settings
@@ -32,8 +33,9 @@ from services.collect_agent.subscriber import Subscriber
 from services.collect_agent.writer import Writer
 from services.common.auth_settings import service_auth
 from services.common.cache import SensorCache
-from services.common.errors import ConfigError, NotFoundError
+from services.common.errors import NotFoundError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
+from services.common.net import Listener
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
 
@@ -48,6 +50,7 @@ class CollectAgent(HttpService):
     ) -> None:
         """``storage`` overrides the configured backend (tests wrap one to make it fail)."""
         self.settings = settings
+        self.profile = config.profile
         self.storage_settings = config.load(StorageSettings)
         self.metrics = AgentMetrics()
         self.cache = (
@@ -151,16 +154,21 @@ class CollectAgent(HttpService):
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
+        every = self_sensors.interval_s(s.self_sensors_s, self.profile)
+        if every > 0:
+            prefix = s.self_sensors_prefix or self_sensors.default_prefix()
+            own = self_sensors.run(self, prefix, every)
+            self._tasks.append(asyncio.create_task(own, name="self-sensors"))
         await self._await_scales()
         if s.mqtt_enabled:
-            self.mqtt = MqttServer(
+            # Kelvin's write and admin tokens log in too, in the form this agent holds
+            # them (the chart gives it only sha256 verifiers).
+            creds = self.auth.credentials
+            self.mqtt = build_endpoint(
+                s,
                 self.ingestor,
                 self.metrics,
-                s.mqtt_host or s.host,
-                s.mqtt_port,
-                EndpointLimits(s.connect_timeout_s, s.max_connections, s.max_payload_bytes),
-                s.mqtt_users,
-                self._tls(),
+                lambda: {t: r.value for t, r in creds.tokens.items()},
             )
             await self.mqtt.start()
         if s.broker is not None:
@@ -189,19 +197,6 @@ class CollectAgent(HttpService):
                 "announcement sets it)",
                 self.settings.scales_wait_s,
             )
-
-    def _tls(self) -> ssl.SSLContext | None:
-        s = self.settings
-        if s.mqtt_tls_cert is None:
-            return None
-        if s.mqtt_tls_key is None:
-            raise ConfigError("collect_agent.mqtt_tls_cert is set but mqtt_tls_key is not")
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            ctx.load_cert_chain(s.mqtt_tls_cert, s.mqtt_tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"collect_agent.mqtt_tls_cert/key: cannot load: {exc}") from exc
-        return ctx
 
     async def _storage_loop(self) -> None:
         """Open storage (retrying while it is down), then run the writer and metadata refresh."""
@@ -269,18 +264,18 @@ class CollectAgent(HttpService):
             self.claimer.stopping = True  # hands a claimed orphan back within 0.2 s
         if self.mqtt is not None:
             # A few loop turns first: each connection reads what the kernel already holds
-            # (sent before the drain), so it is acknowledged below instead of lost to the
-            # reset that closing a socket with unread data causes (the client would resend).
+            # (sent before the drain), so it is acknowledged below rather than resent.
             for _ in range(3):
                 await asyncio.sleep(0)
-            self.mqtt._on_pressure(True)  # stop reading; what was read gets committed and acked
+            # Stop reading, commit and acknowledge what was read, then let every client go
+            # (MQTT 5: DISCONNECT 0x8B "server shutting down"; 3.1.1: close); pushers
+            # reconnect through the Service to another agent.
+            await self.mqtt.refuse_new()
         if self.subscriber is not None:
             await self.subscriber.stop()
         await self.ingestor.stop()
         if self.mqtt is not None:
-            # Closes every connection (MQTT 5: DISCONNECT 0x8B "server shutting down"):
-            # pushers reconnect through the Service to another agent.
-            await self.mqtt.stop()
+            await self.mqtt.stop()  # the listener and sweeper (every client was let go above)
         pending = self.spool.pending_readings
         if pending and timeout > 0:
             log.info(
@@ -393,3 +388,14 @@ class CollectAgent(HttpService):
 
 def create_service(config: Config) -> CollectAgent:
     return CollectAgent(config, config.load(Settings))
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    found = [Listener(s.host, s.port, "collect-agent HTTP", "--collect-agent-port")]
+    if s.mqtt_enabled:
+        found.append(
+            Listener(s.mqtt_host or s.host, s.mqtt_port, "collect-agent MQTT", "--mqtt-port")
+        )
+    return found

@@ -37,6 +37,7 @@ _JSON_HEADS = frozenset(b"{[ \n\t\r")
 _TOPIC_CACHE_MAX = 200_000
 
 # MQTT 5 reason codes for rejected publishes
+RC_NOT_AUTHORIZED = 0x87
 RC_TOPIC_INVALID = 0x90
 RC_PAYLOAD_INVALID = 0x99
 
@@ -146,6 +147,9 @@ class Ingestor:
         for p in publishes:
             if p[0] == 3:
                 code = self._accept(g, p[2], p[4], now)
+            elif p[0] == -4:  # refused by the endpoint's ACL: acknowledged, never stored
+                self.reject(g, p[4], f"PUBLISH on {p[2][:80]!r}: not allowed for user {p[5]!r}")
+                code = RC_NOT_AUTHORIZED
             else:  # oversized: its body was skipped
                 self.reject(g, "too_large", f"PUBLISH of {p[4]} bytes on {p[2][:80]!r}")
                 code = RC_PAYLOAD_INVALID
@@ -168,6 +172,15 @@ class Ingestor:
         to end are let through to be refused."""
         self.draining = True
         self._resumed.set()
+
+    async def flush(self) -> None:
+        """Until everything handed in so far is durable and acknowledged (also while
+        draining: the MQTT endpoint lets its clients go only after their acks)."""
+        g = self._group
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.waiters.append(fut)
+        self._wake_commit(g)
+        await fut
 
     def receive_batch(self, batch: Batch, messages: int, transport: str) -> asyncio.Future[None]:
         """Already decoded readings (HTTP /write); the future resolves once durable.

@@ -82,6 +82,24 @@ class AgentMetrics:
         self.disconnects = m.counter(
             "mqtt_disconnects_total", "Closed MQTT connections, by reason", ["reason"]
         )
+        # -------------------------------------------------------------- MQTT endpoint bounds
+        self.partial_bytes = m.gauge(
+            "mqtt_partial_bytes", "Bytes held for partially received MQTT packets, all connections"
+        )
+        self.partial_limit = m.gauge(
+            "mqtt_partial_limit_bytes", "Budget for partially received MQTT packets"
+        )
+        self.partial_waits = m.counter(
+            "mqtt_partial_waits_total",
+            "Connections paused because the partial-packet budget was full",
+        )
+        self.accept_errors = m.counter(
+            "mqtt_accept_errors_total", "Failed accepts of MQTT connections, by errno", ["errno"]
+        )
+        self.sessions = m.gauge("mqtt_sessions", "MQTT sessions held (connected and detached)")
+        self.sessions_ended = m.counter(
+            "mqtt_sessions_ended_total", "Detached MQTT sessions dropped, by reason", ["reason"]
+        )
         self.metadata = m.counter("metadata_updates_total", "Sensor metadata records received")
         self.jobs = m.counter("jobs_total", "Job records received")
         self.cache_sensors = m.gauge("cache_sensors", "Sensors in the sensor cache")

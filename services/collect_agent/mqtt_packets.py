@@ -11,10 +11,12 @@ Packet tuples (first element = packet type):
 
 * ``(PUBLISH, qos, topic: bytes, packet_id, payload: bytes)``
 * ``(TOO_LARGE, qos, topic: bytes, packet_id, size)``
+* ``(DENIED, qos, topic: bytes, packet_id, reason, user)``: made by the endpoint
+  from a PUBLISH its ACL refuses (never stored, acknowledged with 0x87)
 * ``(CONNECT, Connect)``
 * ``(PUBACK|PUBREC|PUBREL|PUBCOMP, packet_id)``
 * ``(SUBSCRIBE|UNSUBSCRIBE, packet_id, [topic filter bytes, ...])``
-* ``(PINGREQ,)``, ``(DISCONNECT, reason_code)``
+* ``(PINGREQ,)``, ``(DISCONNECT, reason_code, properties)``
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
 AUTH = 15
 TOO_LARGE = -3
+DENIED = -4
 
 # CONNACK return codes, 3.1.1 / 5
-CONNACK_V3 = {"ok": 0, "protocol": 1, "identifier": 2, "unavailable": 3, "credentials": 4}
+CONNACK_V3 = {
+    "ok": 0,
+    "protocol": 1,
+    "identifier": 2,
+    "unavailable": 3,
+    "credentials": 4,
+    "not_authorized": 5,
+}
 CONNACK_V5 = {
     "ok": 0,
     "protocol": 0x84,
     "identifier": 0x85,
     "unavailable": 0x88,
     "credentials": 0x86,
+    "not_authorized": 0x87,
 }
 
 # MQTT 5 reason codes the server sends
@@ -44,13 +55,17 @@ RC_UNSPECIFIED = 0x80
 RC_MALFORMED = 0x81
 RC_PROTOCOL_ERROR = 0x82
 RC_IMPLEMENTATION = 0x83
+RC_NOT_AUTHORIZED = 0x87
 RC_KEEPALIVE_TIMEOUT = 0x8D
 RC_SESSION_TAKEN_OVER = 0x8E
 RC_TOPIC_INVALID = 0x90
+RC_PACKET_ID_NOT_FOUND = 0x92
 RC_PACKET_TOO_LARGE = 0x95
 RC_QUOTA_EXCEEDED = 0x97
 RC_PAYLOAD_INVALID = 0x99
 RC_SERVER_SHUTTING_DOWN = 0x8B
+RC_USE_ANOTHER_SERVER = 0x9C
+RC_SERVER_MOVED = 0x9D
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -233,10 +248,15 @@ def _filters(data: bytes, pos: int, end: int, with_options: bool) -> list[bytes]
 class PacketParser:
     """Incremental MQTT parser for one connection (see the module docstring)."""
 
-    __slots__ = ("_have", "_need", "_parts", "_skip", "level", "max_packet_bytes")
+    __slots__ = ("_after_connect", "_have", "_need", "_parts", "_skip", "level", "max_packet_bytes")
 
-    def __init__(self, max_packet_bytes: int = 4 << 20) -> None:
-        self.max_packet_bytes = max_packet_bytes
+    def __init__(
+        self, max_packet_bytes: int = 4 << 20, first_packet_max: int | None = None
+    ) -> None:
+        """``first_packet_max``: limit until a CONNECT is parsed (nothing big is buffered
+        for a client that has not presented credentials); None = ``max_packet_bytes``."""
+        self.max_packet_bytes = max_packet_bytes if first_packet_max is None else first_packet_max
+        self._after_connect = max_packet_bytes
         self.level = 4
         """Protocol level; set by the CONNECT the parser sees (PUBLISH differs in v5)."""
         self._parts: list[bytes] = []
@@ -247,6 +267,11 @@ class PacketParser:
     @property
     def buffered_bytes(self) -> int:
         return self._have
+
+    @property
+    def pending_bytes(self) -> int:
+        """Total size of the packet being received (0 when between packets)."""
+        return self._need if self._parts else 0
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
         """Parse as many whole packets as ``data`` completes; keep the rest.
@@ -345,6 +370,8 @@ class PacketParser:
                 out.append((PUBLISH, qos, data[start + 2 : start + 2 + tl], pid, data[p:end]))
             else:
                 out.append(self._control(ptype, b0 & 0x0F, data, start, end))
+                if ptype == CONNECT:
+                    limit = self.max_packet_bytes
             pos = end
         if pos < n:
             rest = data[pos:] if pos else data
@@ -419,7 +446,10 @@ class PacketParser:
         if ptype == PINGREQ:
             return (PINGREQ,)
         if ptype == DISCONNECT:
-            return (DISCONNECT, data[start] if rl >= 1 else 0)
+            props: dict[int, Any] = {}
+            if self.level == 5 and rl >= 2:
+                props, _ = parse_properties(data, start + 1, end)
+            return (DISCONNECT, data[start] if rl >= 1 else 0, props)
         if ptype in (SUBSCRIBE, UNSUBSCRIBE):
             if flags != 2:
                 raise ProtocolError("SUBSCRIBE/UNSUBSCRIBE flags must be 0b0010")
@@ -431,6 +461,7 @@ class PacketParser:
         if ptype == CONNECT:
             conn = parse_connect(data, start, end)
             self.level = conn.level
+            self.max_packet_bytes = self._after_connect
             return (CONNECT, conn)
         raise ProtocolError(
             f"packet type {ptype} is not one a client sends to a server", "protocol_error", 0x82
@@ -519,14 +550,15 @@ def connect(
     keepalive_s: int = 60,
     username: str | None = None,
     password: str | None = None,
+    properties: dict[int, int | bytes] | None = None,
 ) -> bytes:
-    """Encode a client CONNECT (load generators and tests)."""
+    """Encode a client CONNECT (load generators and tests); ``properties`` for v5."""
     flags = (0x02 if clean else 0) | (0x80 if username is not None else 0)
     flags |= 0x40 if password is not None else 0
     name = b"MQIsdp" if level == 3 else b"MQTT"
     var = _U16.pack(len(name)) + name + bytes((level, flags)) + _U16.pack(keepalive_s)
     if level == 5:
-        var += b"\x00"
+        var += _props(properties or {})
     cid = client_id.encode()
     body = var + _U16.pack(len(cid)) + cid
     if username is not None:

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
+from services.collect_agent.mqtt_auth import MqttAcl
 from services.common.settings import SectionSettings
 
 
@@ -55,16 +56,58 @@ class Settings(SectionSettings):
     mqtt_port: int = Field(1883, ge=0, le=65535)
     """Built-in MQTT endpoint port (0 = any free port)."""
     mqtt_users: dict[str, str] = {}
-    """username -> password; when non-empty every CONNECT must carry one of them."""
+    """Static MQTT users, name -> password (a site's DCDB pushers, tools): *node* users,
+    held to ``mqtt_acl``."""
+    mqtt_node_secret: str | None = None
+    """Derived per-node passwords: any user name whose password is
+    HMAC-SHA256(secret, ``kelvin-mqtt:`` + name) logs in as a node user (the chart's
+    pushers; see ``services/common/mqtt_credentials.py``)."""
+    mqtt_anonymous: bool | None = None
+    """Accept CONNECTs without credentials, with every right. None = only while no
+    credential is configured at all (no ``mqtt_users``, node secret or Kelvin token).
+    Kelvin's write token (as the password, any user name) publishes like ``/write``,
+    its admin token anything."""
+    mqtt_acl: MqttAcl = MqttAcl()
+    """Which topics each identity may publish (denied: PUBACK 0x87, never stored)."""
     mqtt_tls_cert: Path | None = None
     """PEM certificate chain: when set (with ``mqtt_tls_key``) the endpoint speaks TLS only."""
     mqtt_tls_key: Path | None = None
     connect_timeout_s: float = Field(10.0, gt=0)
     """A connection that sends no CONNECT within this time is closed."""
     max_connections: int = Field(10_000, ge=1)
-    """Further connections are closed at once (CONNACK 'server unavailable')."""
+    """Further connections are refused (CONNACK 'server unavailable', or closed at
+    accept); capped below RLIMIT_NOFILE (raised to its hard limit at start)."""
     max_payload_bytes: int = Field(4 << 20, ge=1024, le=256 << 20)
     """Largest accepted MQTT packet / HTTP body; larger ones are skipped and counted."""
+    mqtt_connect_max_bytes: int = Field(8 << 10, ge=256, le=1 << 20)
+    """Largest first packet (the CONNECT): nothing bigger is buffered before credentials."""
+    mqtt_partial_budget_bytes: int = Field(64 << 20, ge=1 << 20)
+    """Memory for partially received packets, all connections together (at least twice
+    ``max_payload_bytes``); past it connections wait, and past a quarter more are closed."""
+    mqtt_stall_timeout_s: float = Field(30.0, gt=0)
+    """A connection half-way through a packet that sends nothing for this long is
+    closed, whatever its keep-alive (also 0)."""
+    mqtt_max_sessions: int = Field(10_000, ge=1)
+    """MQTT sessions kept (QoS 2 state of persistent and MQTT 5 expiring sessions)."""
+    mqtt_session_expiry_max_s: float = Field(86_400.0, ge=0)
+    """Longest MQTT 5 Session Expiry Interval granted (the CONNACK says when capped)."""
+
+    # ---------------------------------------------------------------- spreading connections
+    mqtt_peers: list[str] = []
+    """HTTP base URLs of the other agents (``http://agent-1:8081``): an agent above its
+    fair share of the connections asks some to move (DISCONNECT 0x9C)."""
+    mqtt_peers_dns: str | None = None
+    """A DNS name resolving to every agent (the StatefulSet's headless Service); its
+    addresses other than this host's are peers on this agent's HTTP ``port``."""
+    mqtt_rebalance_interval_s: float = Field(5.0, gt=0)
+    """How often peers' connection counts are read."""
+    mqtt_rebalance_per_s: float = Field(20.0, gt=0)
+    """Most clients asked to move per second (rebalancing and connection age together)."""
+    mqtt_rebalance_tolerance: float = Field(0.1, ge=0, le=1)
+    """Connections above the fair share tolerated, as a fraction of it (at least 1)."""
+    mqtt_max_connection_age_s: float | None = Field(None, gt=0)
+    """Ask clients connected longer than this (plus up to 10 % jitter) to reconnect;
+    None = never."""
 
     # ---------------------------------------------------------------- external broker
     broker: BrokerSettings | None = None
@@ -130,3 +173,10 @@ class Settings(SectionSettings):
     remote_write_prefix: str = "/prometheus"
     """Prometheus remote write: a series without a ``sensor`` label is stored as
     ``<remote_write_prefix>/<metric>/<label>=<value>/...`` (docs/collect-agent.md)."""
+    self_sensors_s: float | None = Field(None, ge=0)
+    """Store the agent's own rates (readings/s in and out, spool depth, rejects) as sensors
+    every this many seconds, so their history is queryable like any other (0 = off; None =
+    every 5 s under ``kelvin up``, off under ``kelvin run``, where a reading count may
+    matter to whoever counts: set it there to have them)."""
+    self_sensors_prefix: str | None = None
+    """Their names' prefix (None = ``/kelvin/collect_agent/<short hostname>``)."""

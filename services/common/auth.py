@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Role(StrEnum):
@@ -76,6 +76,23 @@ def is_hashed(token: str) -> bool:
     return token.startswith(HASH_PREFIX)
 
 
+_R = TypeVar("_R")
+
+
+def match_token(given: bytes, known: Mapping[str, _R]) -> _R | None:
+    """The value ``known`` holds for the credential ``given`` (its keys plain tokens or
+    ``sha256:`` verifiers), compared in constant time against every key; None if none
+    matches. Shared by HTTP and the MQTT endpoint (a token as the MQTT password)."""
+    found: _R | None = None
+    digest = (HASH_PREFIX + hashlib.sha256(given).hexdigest()).encode()
+    for token, value in known.items():
+        probe = digest if token.startswith(HASH_PREFIX) else given
+        # No early exit: the time taken does not tell which token matched.
+        if hmac.compare_digest(probe, token.encode()):
+            found = value
+    return found
+
+
 @dataclass
 class Credentials:
     """The tokens a service accepts, each with its role, and the roles open to anyone.
@@ -103,17 +120,7 @@ class Credentials:
 
     def role_of(self, token: str | None) -> Role | None:
         """The role of ``token``, compared in constant time against every known token."""
-        if not token:
-            return None
-        found: Role | None = None
-        given = token.encode()
-        digest = hashed(token).encode()
-        for known, role in self.tokens.items():
-            probe = digest if known.startswith(HASH_PREFIX) else given
-            # No early exit: the time taken does not tell which token matched.
-            if hmac.compare_digest(probe, known.encode()):
-                found = role
-        return found
+        return match_token(token.encode(), self.tokens) if token else None
 
     def decide(self, token: str | None, required: Role) -> Denied | None:
         """None when a request with ``token`` may call a route needing ``required``."""

@@ -250,6 +250,13 @@ def decode_batch(prefix: str, payload: bytes | memoryview) -> Batch:
 
 
 def _batch_name(base: str, prefix: str, rel: str) -> str:
+    if rel and rel[0] != "/":
+        # "0/power" under /node1 would name /node10/power: outside the batch's prefix,
+        # which is what the collect agent's ACL checked.
+        raise PayloadError(
+            f"batch sensor name {rel[:80]!r} under {prefix!r} must be empty or start with '/'",
+            "bad_topic",
+        )
     try:
         return names.validate(base + rel if rel else prefix)
     except SensorNameError as exc:

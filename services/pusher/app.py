@@ -32,6 +32,8 @@ from services.common.auth import (
 from services.common.auth_settings import AuthSettings
 from services.common.config import Config
 from services.common.errors import ConfigError, NotFoundError
+from services.common.mqtt_credentials import read_password
+from services.common.net import Listener
 from services.common.service import Service
 from services.pusher.api import create_router
 from services.pusher.cache import SensorCache
@@ -55,6 +57,7 @@ _RESTART_KEYS = (
     "client_id",
     "mqtt_username",
     "mqtt_password",
+    "mqtt_password_file",
     "mqtt_tls",
     "mqtt_tls_ca",
     "mqtt_tls_server_name",
@@ -97,7 +100,9 @@ def mqtt_options(settings: Settings) -> MqttOptions:
         reconnect_jitter_s=settings.reconnect_jitter_s,
         flush_timeout_s=settings.flush_timeout_s,
         username=settings.mqtt_username,
-        password=settings.mqtt_password,
+        password=read_password(
+            settings.mqtt_password, settings.mqtt_password_file, "pusher.mqtt_password_file"
+        ),
         tls=settings.mqtt_tls,
         tls_ca=settings.mqtt_tls_ca,
         tls_server_name=settings.mqtt_tls_server_name,
@@ -331,3 +336,9 @@ class PusherService(Service):
 
 def create_service(config: Config) -> PusherService:
     return PusherService(config)
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    return [Listener(s.host, s.port, "pusher HTTP", "--pusher-port")]

@@ -47,6 +47,9 @@ class Settings(SectionModel):
     """MQTT client id (default ``kelvin-pusher-<host>-<random>``)."""
     mqtt_username: str | None = None
     mqtt_password: str | None = None
+    mqtt_password_file: Path | None = None
+    """File holding the MQTT password when ``mqtt_password`` is unset (the chart's init
+    container writes this node's derived password there)."""
     mqtt_tls: bool = False
     """Connect to the brokers with TLS (verifying their certificates)."""
     mqtt_tls_ca: Path | None = None

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ class AgentProcess:
         self.sqlite = sqlite or workdir / "kelvin.sqlite"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / f"agent-{name}.log"
+        self.preexec: Callable[[], None] | None = None
+        """Run in the child before exec (e.g. to set resource limits)."""
 
     def start(self, sqlite: Path | None = None) -> AgentProcess:
         if sqlite is not None:
@@ -77,6 +80,7 @@ class AgentProcess:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=self.preexec,
             )
         wait_port(self.http_port, timeout=30, proc=self.proc)
         return self

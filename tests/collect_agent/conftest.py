@@ -16,7 +16,13 @@ from tests.support.influxdb import InfluxDB
 AgentFactory = Callable[..., Awaitable[CollectAgent]]
 
 
-def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settings: Any) -> Config:
+def agent_config(
+    tmp_path: Path,
+    storage: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Config:
+    """An agent's Config: ``settings`` its section, ``auth`` keys over the test tokens."""
     base: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": 0,
@@ -30,7 +36,8 @@ def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settin
             {
                 "collect_agent": base,
                 "storage": storage or {"sqlite": {"path": str(tmp_path / "kelvin.sqlite")}},
-            }
+            },
+            **(auth or {}),
         )
     )
 
@@ -38,11 +45,13 @@ def agent_config(tmp_path: Path, storage: dict[str, Any] | None = None, **settin
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
     """Start agents (stopped after the test); keyword arguments are collect_agent settings,
-    ``storage`` the storage section."""
+    ``storage`` the storage section, ``auth`` keys of the auth section."""
     started: list[CollectAgent] = []
 
-    async def make(storage: dict[str, Any] | None = None, **settings: Any) -> CollectAgent:
-        agent = create_service(agent_config(tmp_path, storage, **settings))
+    async def make(
+        storage: dict[str, Any] | None = None, auth: dict[str, Any] | None = None, **settings: Any
+    ) -> CollectAgent:
+        agent = create_service(agent_config(tmp_path, storage, auth, **settings))
         await agent.start()
         started.append(agent)
         return agent

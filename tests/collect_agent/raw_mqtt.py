@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 from services.collect_agent import mqtt_packets as mp
+from tests.support.auth import MQTT_LOGIN
 
 
 class RawClient:
@@ -14,8 +15,12 @@ class RawClient:
 
     @classmethod
     async def connect(
-        cls, port: int, client_id: str = "raw", level: int = 4, **kw: object
+        cls, port: int, client_id: str = "raw", level: int = 4, login: bool = True, **kw: object
     ) -> tuple[RawClient, tuple[int, bytes]]:
+        """CONNECT and read the answer; logs in with the test admin token unless ``login``
+        is false or ``username``/``password`` are given."""
+        if login and "username" not in kw and "password" not in kw:
+            kw.update(MQTT_LOGIN)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         client = cls(reader, writer)
         await client.send(mp.connect(client_id, level=level, **kw))  # type: ignore[arg-type]

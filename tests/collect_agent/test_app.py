@@ -14,6 +14,7 @@ from services.common.sensors import SensorMetadata
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from tests.collect_agent.conftest import agent_config
+from tests.support.auth import MQTT_LOGIN
 
 TS0 = 1_764_500_000_000_000_000
 
@@ -39,7 +40,7 @@ async def test_stored_scales_apply_to_the_first_publishes_after_a_restart(tmp_pa
     await agent.start()
     try:
         assert agent.mqtt_port
-        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
             await client.publish("/r/power", codec.encode_dcdb([10], [TS0]), qos=1)
         await agent.spool.wait_empty()
         assert agent.storage is not None

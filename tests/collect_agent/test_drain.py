@@ -26,7 +26,7 @@ from services.common import codec
 from services.common.auth import Role
 from services.common.storage import StorageSettings, open_storage
 from tests.collect_agent.agent_proc import AgentProcess
-from tests.support.auth import headers
+from tests.support.auth import MQTT_LOGIN, headers
 from tests.support.influxdb import InfluxDB
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def agent(workdir: Path, name: str, server: InfluxDB, db: str, **settings: Any) 
 
 async def publish(port: int, sensor: str, first: int, messages: int) -> int:
     """QoS 1 publishes of PER_MESSAGE readings each; every one returns on its PUBACK."""
-    async with aiomqtt.Client("127.0.0.1", port) as client:
+    async with aiomqtt.Client("127.0.0.1", port, **MQTT_LOGIN) as client:
         for m in range(first, first + messages):
             ts = [TS0 + m * PER_MESSAGE + i for i in range(PER_MESSAGE)]
             await client.publish(sensor, codec.encode_dcdb(list(range(PER_MESSAGE)), ts), qos=1)

@@ -6,11 +6,12 @@ import aiomqtt
 
 from services.collect_agent.app import CollectAgent
 from tests.common.test_codec import DCDBSLURMJOB_START, DCDBSLURMJOB_STOP
+from tests.support.auth import MQTT_LOGIN
 
 
 async def test_a_dcdbslurmjob_stop_record_ends_the_stored_job(agent: CollectAgent) -> None:
     assert agent.mqtt_port and agent.storage is not None
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
         await client.publish("/DCDB_JOBDATA/", DCDBSLURMJOB_START, qos=1)
         await agent.spool.wait_empty()
         (running,) = await agent.storage.jobs()

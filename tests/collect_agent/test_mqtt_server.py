@@ -17,6 +17,7 @@ from services.common import codec
 from services.common.readings import Batch
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
+from tests.support.auth import MQTT_LOGIN, mosquitto_login
 from tests.support.servers import require_binary
 
 TS0 = 1_764_500_000_000_000_000
@@ -45,7 +46,9 @@ async def test_aiomqtt_qos_0_1_2_dcdb_kvb1_json_are_stored(agent: CollectAgent) 
         ]
     )
     topic, payload = codec.encode_batch("/t/node1", batch)
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, identifier="pusher-1") as client:
+    async with aiomqtt.Client(
+        "127.0.0.1", agent.mqtt_port, identifier="pusher-1", **MQTT_LOGIN
+    ) as client:
         await client.publish("/t/q0", codec.encode_dcdb([10], [TS0]), qos=0)
         await client.publish("/t/q1", codec.encode_dcdb([11, 12], [TS0, TS0 + 5]), qos=1)
         await client.publish("/t/q2", codec.encode_dcdb([13], [TS0]), qos=2)
@@ -61,7 +64,7 @@ async def test_aiomqtt_qos_0_1_2_dcdb_kvb1_json_are_stored(agent: CollectAgent) 
 
 async def test_scale_from_metadata_applies_to_dcdb_integers(agent: CollectAgent) -> None:
     assert agent.mqtt_port
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
         await client.publish(
             "/DCDB_MAP/METADATA//s/power", json.dumps({"scale": "0.001", "unit": "W"}), qos=1
         )
@@ -76,7 +79,7 @@ async def test_scale_from_metadata_applies_to_dcdb_integers(agent: CollectAgent)
 
 async def test_a_nan_or_infinite_scale_is_refused_and_counted(agent: CollectAgent) -> None:
     assert agent.mqtt_port
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
         await client.publish("/DCDB_MAP/METADATA//n/power", json.dumps({"scale": "0.5"}), qos=1)
         for bad in (
             '{"scale": "NaN"}',
@@ -97,7 +100,7 @@ async def test_a_nan_or_infinite_scale_is_refused_and_counted(agent: CollectAgen
 async def test_public_name_and_job_records_are_stored(agent: CollectAgent) -> None:
     assert agent.mqtt_port
     job = {"jobid": "42", "userid": "alice", "starttime": TS0, "endtime": 0, "nodes": ["n1"]}
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
         await client.publish("/DCDB_MAP//j/node1/power", b"node1-power", qos=1)
         await client.publish("/DCDB_JOBDATA/", json.dumps(job), qos=1)
     await agent.spool.wait_empty()
@@ -122,7 +125,9 @@ async def test_mosquitto_pub_record_and_8_byte_value(agent: CollectAgent, tmp_pa
         ["-q", "1", "-t", "/m/rec", "-f", str(rec)],
         ["-q", "2", "-t", "/m/one", "-f", str(single)],
     ):
-        proc = await asyncio.create_subprocess_exec(exe, "-h", "127.0.0.1", "-p", port, *args)
+        proc = await asyncio.create_subprocess_exec(
+            exe, "-h", "127.0.0.1", "-p", port, *mosquitto_login(), *args
+        )
         assert await proc.wait() == 0
     assert await stored(agent, "/m/rec") == ([TS0 + 789], [-1234567890123.0])
     ts, vs = await stored(agent, "/m/one")

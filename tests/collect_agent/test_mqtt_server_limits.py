@@ -17,6 +17,7 @@ from services.common.errors import ConfigError
 from services.common.storage import open_storage
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
+from tests.support.auth import MQTT_LOGIN
 from tests.support.servers import require_binary
 
 TS0 = 1_764_500_000_000_000_000
@@ -62,7 +63,7 @@ async def test_silent_and_stalled_clients_are_cut_off_others_served(
     flooder, _ = await RawClient.connect(port, "flooder")  # never reads its acks
     flood = b"".join(mp.publish(f"/f/s{i % 10}", REC, 1, i % 65535 + 1) for i in range(30_000))
     flooder.writer.write(flood)
-    async with aiomqtt.Client("127.0.0.1", port, identifier="good") as good:
+    async with aiomqtt.Client("127.0.0.1", port, identifier="good", **MQTT_LOGIN) as good:
         await good.publish("/s/good", REC, qos=1)
     assert await stalled.closed()  # keep-alive 1 s, 1.5 s grace
     assert disconnects(agent, "connect_timeout") == 1
@@ -76,9 +77,9 @@ async def test_username_password_required_when_configured(
 ) -> None:
     agent = await make_agent(mqtt_users={"pusher": "pw"})
     assert agent.mqtt_port
-    for level, bad_code in ((4, 4), (5, 0x86)):
-        client, connack = await RawClient.connect(agent.mqtt_port, level=level)
-        assert connack[1][1] == bad_code and await client.closed()
+    for level, missing, bad_code in ((4, 5, 4), (5, 0x87, 0x86)):
+        client, connack = await RawClient.connect(agent.mqtt_port, level=level, login=False)
+        assert connack[1][1] == missing and await client.closed()
         client, connack = await RawClient.connect(
             agent.mqtt_port, level=level, username="pusher", password="wrong"
         )
@@ -93,7 +94,8 @@ async def test_username_password_required_when_configured(
         exe, *args, "-u", "pusher", "-P", "no", stderr=asyncio.subprocess.DEVNULL
     )
     assert await ok.wait() == 0 and await refused.wait() != 0
-    assert disconnects(agent, "auth_failed") == 5
+    assert disconnects(agent, "auth_missing") == 2
+    assert disconnects(agent, "auth_failed") == 3
 
 
 @pytest.fixture
@@ -115,7 +117,9 @@ async def test_tls_endpoint(make_agent: AgentFactory, tls_pair: tuple[Path, Path
     agent = await make_agent(mqtt_tls_cert=str(cert), mqtt_tls_key=str(key))
     assert agent.mqtt_port
     ctx = ssl.create_default_context(cafile=str(cert))
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, tls_context=ctx) as client:
+    async with aiomqtt.Client(
+        "127.0.0.1", agent.mqtt_port, tls_context=ctx, **MQTT_LOGIN
+    ) as client:
         await client.publish("/tls/x", REC, qos=1)
     await agent.spool.wait_empty()
     assert agent.storage is not None and await agent.storage.has_sensor("/tls/x")

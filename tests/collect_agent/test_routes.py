@@ -16,7 +16,7 @@ from services.common import codec
 from services.common.auth import Role
 from tests.collect_agent.conftest import AgentFactory
 from tests.collect_agent.raw_mqtt import RawClient
-from tests.support.auth import TOKENS, headers
+from tests.support.auth import MQTT_LOGIN, TOKENS, headers
 
 TS0 = 1_764_500_000_000_000_000
 
@@ -138,7 +138,9 @@ async def test_write_takes_the_write_token_in_every_telegraf_form(agent: Collect
 async def test_cache_latest_average_sensors_hosts_and_stats(agent: CollectAgent) -> None:
     assert agent.mqtt_port
     client, _ = await RawClient.connect(agent.mqtt_port, client_id="node17")
-    async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, identifier="node18") as pub:
+    async with aiomqtt.Client(
+        "127.0.0.1", agent.mqtt_port, identifier="node18", **MQTT_LOGIN
+    ) as pub:
         # 10 for 30 s, then 40 for 10 s: the 40 s time-weighted average is (10*30+40*10)/40.
         await pub.publish(
             "/c/power",

@@ -14,7 +14,7 @@ import aiomqtt
 import httpx
 import numpy as np
 
-from benchmarks.loadgen_mqtt import dcdb_packets, publish
+from benchmarks.loadgen_mqtt import Login, dcdb_packets, publish
 from services.collect_agent import spool_format as fmt
 from services.collect_agent.app import CollectAgent
 from services.collect_agent.metrics import AgentMetrics
@@ -26,6 +26,7 @@ from services.common.readings import Batch
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from tests.collect_agent.conftest import AgentFactory, agent_config
+from tests.support.auth import MQTT_LOGIN
 from tests.support.influxdb import InfluxDB
 
 TS0 = 1_764_500_000_000_000_000
@@ -67,7 +68,7 @@ async def test_outage_spools_acks_then_drains_in_order(tmp_path: Path) -> None:
     agent = await start(tmp_path, storage)
     try:
         assert agent.mqtt_port
-        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
             for i in range(40):  # each publish returns on its PUBACK
                 await client.publish(
                     "/o/s", codec.encode_dcdb([i, i], [TS0 + 2 * i, TS0 + 2 * i + 1]), qos=1
@@ -97,7 +98,9 @@ async def test_spool_quota_applies_back_pressure_and_loses_nothing(tmp_path: Pat
     try:
         assert agent.mqtt_port
         packets = dcdb_packets(1200, 100, 50)  # 1.9 MB of records, twice the quota
-        sender = asyncio.create_task(asyncio.to_thread(publish, agent.mqtt_port, packets, 2, 400))
+        sender = asyncio.create_task(
+            asyncio.to_thread(publish, agent.mqtt_port, packets, 2, 400, 1, Login(**MQTT_LOGIN))
+        )
         await pressure.wait()
         assert not sender.done()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.port}") as http:
@@ -120,7 +123,7 @@ async def test_permanently_refused_series_is_quarantined_others_stored(tmp_path:
     agent = await start(tmp_path, storage)
     try:
         assert agent.mqtt_port
-        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
             await client.publish("/p/good", codec.encode_dcdb([1], [TS0]), qos=1)
             await client.publish("/p/bad", codec.encode_dcdb([2, 3], [TS0, TS0 + 1]), qos=1)
             await client.publish("/p/good", codec.encode_dcdb([4], [TS0 + 1]), qos=1)
@@ -176,7 +179,7 @@ async def test_storage_unreachable_at_start_spools_until_it_opens(tmp_path: Path
     agent = await start(tmp_path, storage, scales_wait_s=0)  # no scales to wait for here
     try:
         assert agent.mqtt_port
-        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
             await client.publish("/u/s", codec.encode_dcdb([9], [TS0]), qos=1)
         assert agent.stats()["storage"]["open"] is False
         assert agent.spool.pending_readings == 1
@@ -198,7 +201,7 @@ async def test_stopped_influxd_acks_into_the_spool_and_drains_after_restart(
             storage={"backend": "influxdb", "influxdb": settings.model_dump(mode="json")},
         )
         assert agent.mqtt_port
-        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port) as client:
+        async with aiomqtt.Client("127.0.0.1", agent.mqtt_port, **MQTT_LOGIN) as client:
             for i in range(20):
                 await client.publish("/ix/s", codec.encode_dcdb([i], [TS0 + i]), qos=1)
             await agent.spool.wait_empty()

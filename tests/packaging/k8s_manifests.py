@@ -25,9 +25,13 @@ HEADER = (
     "# chart, not this file (a test compares the two).\n"
 )
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
-PLAIN_VALUES: dict[str, Any] = {"auth": {"existingSecret": RELEASE}}
-"""Without Helm nothing can generate and keep tokens: the workloads read them from the
-Secret `kelvin` the site creates (k8s/base/kustomization.yaml says how)."""
+PLAIN_VALUES: dict[str, Any] = {
+    "auth": {"existingSecret": RELEASE},
+    "mqtt": {"builtin": {"nodeSecret": {"existingSecret": RELEASE}}},
+}
+"""Without Helm nothing can generate and keep tokens or the MQTT node secret: the
+workloads read them from the Secret `kelvin` the site creates (k8s/base/kustomization.yaml
+says how)."""
 DEV_VALUES = {**PLAIN_VALUES, "influxdb": {"enabled": True, "persistence": {"enabled": False}}}
 
 

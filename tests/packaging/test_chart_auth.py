@@ -70,7 +70,10 @@ def test_network_policies_are_on_by_default(default: Rendered) -> None:
         {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]}
         for rule in agent
     ]
-    assert sources == [{"query-api", "test"}, {"pusher", "allocator"}], "no one else reaches it"
+    # the other agents read /metrics (MQTT rebalancing counts their connections)
+    assert sources == [{"query-api", "test", "collect-agent"}, {"pusher", "allocator"}], (
+        "no one else reaches it"
+    )
     pusher = default.get("NetworkPolicy", "kelvin-pusher")["spec"]
     assert pusher["ingress"] == [] and "Egress" in pusher["policyTypes"]
 

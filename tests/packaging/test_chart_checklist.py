@@ -150,10 +150,14 @@ def test_pods_run_as_non_root_with_read_only_root(rendered: Rendered) -> None:
             assert sc["capabilities"]["drop"] == ["ALL"], f"{where}/{c['name']}"
             assert "add" not in sc["capabilities"] and not sc.get("privileged"), where
         for c in containers(spec, init=True):
+            sc = c["securityContext"]
+            if c["name"] == "mqtt-credentials":  # as unprivileged as the main containers
+                assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"]
+                assert sc["allowPrivilegeEscalation"] is False, f"{where}/{c['name']}"
+                continue
             # The pusher's node-setup step is the one root container: CHOWN, and FOWNER
             # to chmod the state directory once it is the pusher's (test_pusher_node_setup).
             assert c["name"] == "node-setup", f"{where}: unexpected init container {c['name']}"
-            sc = c["securityContext"]
             state = rendered.values.get("pusher", {}).get("stateHostPath")
             caps = ["CHOWN", "FOWNER"] if state else ["CHOWN"]
             assert sc["capabilities"] == {"drop": ["ALL"], "add": caps}, where

@@ -114,7 +114,8 @@ def test_the_pusher_node_setup_step_works_in_the_image(
     only the capabilities the chart grants, on a host directory mounted where the chart
     mounts it, twice (pod restarts)."""
     rendered = chart.render({"pusher": {"stateHostPath": "/var/lib/kelvin/pusher"}})
-    (init,) = rendered.workload("pusher")["spec"]["template"]["spec"]["initContainers"]
+    inits = rendered.workload("pusher")["spec"]["template"]["spec"]["initContainers"]
+    (init,) = [c for c in inits if c["name"] == "node-setup"]  # (mqtt-credentials: no root)
     caps = [f"--cap-add={c}" for c in init["securityContext"]["capabilities"]["add"]]
     state = tmp_path / "state"
     state.mkdir(mode=0o755)

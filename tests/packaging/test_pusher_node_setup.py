@@ -23,7 +23,8 @@ STATE = "/host/pusher-state"
 
 def _setup(chart: ChartRenderer) -> tuple[str, list[str]]:
     rendered = chart.render({"pusher": {"stateHostPath": "/var/lib/kelvin/pusher"}})
-    (init,) = rendered.workload("pusher")["spec"]["template"]["spec"]["initContainers"]
+    inits = rendered.workload("pusher")["spec"]["template"]["spec"]["initContainers"]
+    (init,) = [c for c in inits if c["name"] == "node-setup"]  # (mqtt-credentials: no root)
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["capabilities"]["drop"] == ["ALL"]
     return init["args"][0], sc["capabilities"]["add"]

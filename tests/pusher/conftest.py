@@ -17,18 +17,23 @@ import pytest
 import yaml
 
 from services.common import codec
+from services.common.auth import Role
 from services.common.sensors import SensorMetadata
 from services.common.settings import Config
 from services.pusher.app import PusherService, create_service
 from services.pusher.config import plugin_type, validate_section
 from services.pusher.plugins import registry
 from services.pusher.plugins.base import Group, Plugin, PluginContext
+from tests.support.auth import MQTT_USER, TOKENS
 from tests.support.servers import Mosquitto
 
 if TYPE_CHECKING:
     from services.collect_agent.app import CollectAgent
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pusher"
+AGENT_LOGIN: dict[str, str] = {"mqtt_username": MQTT_USER, "mqtt_password": TOKENS[Role.WRITE]}
+"""Pusher settings logging in to a test collect agent: the write token as the MQTT
+password (what ``kelvin up`` gives its pusher)."""
 
 
 class Collector:

@@ -25,7 +25,8 @@ from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from services.pusher import mqtt, spool
 from services.pusher.app import PusherService
-from tests.pusher.conftest import Collector, make_config, running, start_agent
+from tests.pusher.conftest import AGENT_LOGIN, Collector, make_config, running, start_agent
+from tests.support.auth import AUTH_SECTION
 from tests.support.servers import Mosquitto, free_port, require_binary, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,7 @@ def _pusher_process(tmp_path: Path, http: int, broker: int) -> subprocess.Popen[
                     "plugins": {"tester": {"sensors": 3, "interval": 50}},
                 },
                 "logging": {"level": "WARNING"},
+                "auth": AUTH_SECTION,  # no token file generated under cwd (the checkout)
             }
         )
     )
@@ -163,6 +165,7 @@ async def test_a_broker_that_asks_its_clients_to_move_loses_nothing(
             "client_id": "pusher-mv",
             "reconnect_jitter_s": 0.05,
             "plugins": {"tester": {"sensors": 4, "interval": 50}},
+            **AGENT_LOGIN,
         },
         broker_port=port,
     )
@@ -228,6 +231,7 @@ async def test_publishes_to_the_agents_tls_endpoint_and_refuses_a_wrong_name(
         "mqtt_tls": True,
         "mqtt_tls_ca": str(cert),
         "plugins": {"tester": {"sensors": 2, "interval": 50}},
+        **AGENT_LOGIN,
     }
     # A name the certificate does not carry, and no CA (the system's do not know it): refused.
     for wrong in ({"mqtt_tls_server_name": "elsewhere"}, {"mqtt_tls_ca": None}):

@@ -19,6 +19,7 @@ import pytest
 
 from services.collect_agent.app import CollectAgent
 from tests.pusher.conftest import Collector, make_config, running, start_agent
+from tests.support.auth import MQTT_LOGIN
 from tests.support.servers import free_port, require_binary, wait_port
 
 
@@ -119,7 +120,9 @@ async def test_keep_alive_holds_an_idle_connection_open(
     agents.append(agent)
     assert agent.mqtt_port is not None
     lost: asyncio.Future[mqtt.MqttError] = asyncio.get_running_loop().create_future()
-    options = mqtt.ConnectOptions("127.0.0.1", agent.mqtt_port, "ka-test", keepalive_s=1)
+    options = mqtt.ConnectOptions(
+        "127.0.0.1", agent.mqtt_port, "ka-test", keepalive_s=1, **MQTT_LOGIN
+    )
     conn = await mqtt.Connection.open(options, lambda pid, rc: None, lost.set_result)
     try:
         with contextlib.suppress(TimeoutError):

@@ -2,7 +2,8 @@
 
 Services under test get all three tokens in their ``auth`` section, so none writes a
 token file; clients send the admin token (which may do everything) unless a test
-checks a role on purpose.
+checks a role on purpose. MQTT clients log in to a collect agent the same way: the
+token is the password (:data:`MQTT_LOGIN`).
 """
 
 from __future__ import annotations
@@ -34,3 +35,14 @@ def write_config_yaml(**auth: Any) -> str:
     """The ``auth:`` section as YAML, for tests that start ``kelvin`` with ``--config``."""
     lines = ["auth:"] + [f"  {k}: {v}" for k, v in {**AUTH_SECTION, **auth}.items()]
     return "\n".join(lines) + "\n"
+
+
+MQTT_USER = "test-client"
+MQTT_LOGIN: dict[str, str] = {"username": MQTT_USER, "password": TOKENS[Role.ADMIN]}
+"""``username``/``password`` keywords of an MQTT client (aiomqtt, paho, ``mp.connect``)
+publishing to a test collect agent: the admin token, which may publish anything."""
+
+
+def mosquitto_login(role: Role = Role.ADMIN) -> list[str]:
+    """``mosquitto_pub`` arguments logging in with ``role``'s token."""
+    return ["-u", MQTT_USER, "-P", TOKENS[role]]

@@ -71,7 +71,11 @@ def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) ->
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on ``port`` (a server started now could bind it). With
+    SO_REUSEADDR, as every server here binds: connections the server closed first wait
+    in TIME_WAIT on its port for a minute, and do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -69,10 +69,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- else -}}
 {{- $_ := set $out "mqtt_enabled" true -}}
 {{- $_ := set $out "mqtt_port" $c.service.mqttPort -}}
-{{- if $m.builtin.tls.enabled -}}
-{{- $_ := set $out "mqtt_tls_cert" "/var/run/secrets/kelvin/mqtt-tls/tls.crt" -}}
-{{- $_ := set $out "mqtt_tls_key" "/var/run/secrets/kelvin/mqtt-tls/tls.key" -}}
-{{- end -}}
+{{- $out = merge $out (include "kelvin.mqttAgentConfig" . | fromYaml) -}}
 {{- end -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $c.config) -}}
 {{- toYaml $out -}}
@@ -94,6 +91,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- $_ := set $out "hall_file" (printf "/etc/kelvin-hall/%s" $a.hall.file) -}}
 {{- end -}}
 {{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
+{{- $out = merge $out (include "kelvin.mqttClientConfig" (dict "root" . "component" "allocator") | fromYaml) -}}
 {{- $_ := set $out "query_api_url" (include "kelvin.serviceURL" (dict "root" . "component" "query-api" "port" .Values.queryApi.service.port)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $a.config) -}}
 {{- toYaml $out -}}
@@ -114,6 +112,7 @@ every field of "v" falls back to "base" (shards inherit storage.influxdb).
 {{- end -}}
 {{- with $plugins }}{{ $_ := set $out "plugins" . }}{{ end -}}
 {{- $_ := set $out "brokers" (list (include "kelvin.mqttEndpoint" .)) -}}
+{{- $out = merge $out (include "kelvin.mqttClientConfig" (dict "root" . "component" "pusher") | fromYaml) -}}
 {{- $_ := set $out "allocator_url" (include "kelvin.serviceURL" (dict "root" . "component" "allocator" "port" .Values.allocator.service.port)) -}}
 {{- include "kelvin.merge" (dict "dst" $out "src" $p.config) -}}
 {{- toYaml $out -}}

@@ -65,6 +65,7 @@ Storage credentials for the containers that open storage (collect agent, query A
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_BROKER__PASSWORD" "existing" $a.existingSecret "key" $a.passwordKey "inline" $a.password) }}
 {{- else }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_COLLECT_AGENT_MQTT_USERS" "existing" $m.builtin.existingSecret "key" $m.builtin.usersKey "inline" (ternary (toJson $m.builtin.users) "" (not (empty $m.builtin.users)))) }}
+{{- include "kelvin.mqttAgentEnv" . }}
 {{- end }}
 {{- end }}
 
@@ -79,17 +80,24 @@ Storage credentials for the containers that open storage (collect agent, query A
 - name: KELVIN_PUSHER_PREFIX
   value: {{ . | quote }}
 {{- end }}
+{{- if include "kelvin.mqttDerived" . }}
+- name: KELVIN_PUSHER_MQTT_USERNAME
+  value: "$(NODE_NAME)"
+{{- else }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_PUSHER_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
+{{- end }}
 {{- include "kelvin.authEnv" (dict "root" .) }}
 {{- end }}
 
-{{/* The allocator: its token verifiers (it reads the query API: the read token), and the pushers' MQTT login for its decision sensors. */}}
+{{/* The allocator: its token verifiers (it reads the query API: the read token), and its MQTT login for its decision sensors and job records (derived: the init container's file; else mqtt.publisherAuth). */}}
 {{- define "kelvin.allocatorEnv" -}}
 {{- $pub := .Values.mqtt.publisherAuth }}
 {{- include "kelvin.authEnv" (dict "root" . "sends" (list "read")) }}
+{{- if not (include "kelvin.mqttDerived" .) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_USERNAME" "existing" $pub.existingSecret "key" $pub.usernameKey "inline" $pub.username) }}
 {{- include "kelvin.secretEnv" (dict "root" . "env" "KELVIN_ALLOCATOR_MQTT_PASSWORD" "existing" $pub.existingSecret "key" $pub.passwordKey "inline" $pub.password) }}
+{{- end }}
 {{- end }}
 
 {{/* The query API: storage, and its read token in plain (the console's reads of the allocator and collect agent). */}}
@@ -128,6 +136,7 @@ Storage credentials for the containers that open storage (collect agent, query A
 {{- else if and $m.builtin.users (not $m.builtin.existingSecret) -}}
 {{- $_ := set $data $m.builtin.usersKey (toJson $m.builtin.users) -}}
 {{- end -}}
+{{- include "kelvin.mqttSecretData" (dict "root" . "data" $data) -}}
 {{- range $key, $value := $data }}
 {{ $key }}: {{ $value | toString | b64enc | quote }}
 {{- end }}

@@ -1,6 +1,7 @@
 {{- define "kelvin.allocatorMounts" -}}
 - name: state
   mountPath: /var/lib/kelvin/allocator
+{{- include "kelvin.mqttClientMounts" . }}
 {{- if .Values.allocator.hall.configMap }}
 - name: hall
   mountPath: /etc/kelvin-hall
@@ -23,4 +24,5 @@
   configMap:
     name: {{ tpl . $.root }}
 {{- end }}
+{{- include "kelvin.mqttClientVolumes" .root }}
 {{- end }}

@@ -20,9 +20,7 @@ StatefulSet's claim per pod), "claim" (one claim, one Deployment pod), "emptyDir
 {{- if lt (int $c.terminationGracePeriodSeconds) (int $c.spool.drainMarginSeconds) -}}
 {{- fail "collectAgent.terminationGracePeriodSeconds is shorter than collectAgent.spool.drainMarginSeconds: the agent would have no time to drain its spool" -}}
 {{- end -}}
-{{- if and .Values.mqtt.builtin.tls.enabled (not .Values.mqtt.builtin.tls.secretName) (ne .Values.mqtt.mode "external") -}}
-{{- fail "mqtt.builtin.tls.enabled needs mqtt.builtin.tls.secretName (a kubernetes.io/tls Secret)" -}}
-{{- end -}}
+{{- include "kelvin.mqttChecks" . -}}
 {{- end }}
 
 {{- define "kelvin.collectAgentPorts" -}}
@@ -67,7 +65,7 @@ StatefulSet's claim per pod), "claim" (one claim, one Deployment pod), "emptyDir
 {{- if and .Values.mqtt.builtin.tls.enabled (ne .Values.mqtt.mode "external") }}
 - name: mqtt-tls
   secret:
-    secretName: {{ .Values.mqtt.builtin.tls.secretName }}
+    secretName: {{ include "kelvin.mqttTlsSecretName" . }}
 {{- end }}
 {{- end }}
 
