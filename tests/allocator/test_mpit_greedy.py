@@ -21,18 +21,31 @@ import scipy.sparse as sp
 from services.allocator.model import HallModel, IntArray
 from services.allocator.policies import View
 from services.allocator.policies import mpit_greedy as mg
-from services.allocator.policies.mpit import _columns, _free_rise_mk, greedy
+from services.allocator.policies.mpit import _columns, greedy
 from services.common.halls.synthetic import tiled_hall
 from services.common.thermal import Float64Array, Hall, reference_hall
 from tests.allocator.policy_halls import random_hall, view_of
 
 
 def _heap_greedy(view: View, rise: Float64Array, n: int) -> IntArray:
-    """The greedy before chunks (commit 5c7e4ac), on the same inputs."""
-    cols = _columns(view, rise)
-    by_rank = np.lexsort((cols.free, _free_rise_mk(view, rise)))
-    chosen = _heap_positions(cols.heat, view.inlet_c.copy(), cols.today(), by_rank, n)
-    return np.sort(cols.free[chosen])
+    """The greedy before chunks (commit 5c7e4ac), its inputs computed as they were then."""
+    free = view.free_idx
+    cols = view.model.d_csc[:, free].tocsc()
+    cols.sort_indices()
+    heat = sp.csc_matrix(
+        (cols.data * np.repeat(rise[free], np.diff(cols.indptr)), cols.indices, cols.indptr),
+        shape=cols.shape,
+    )
+    colsum = np.asarray(view.model.d_csc[:, free].sum(axis=0)).ravel()
+    q = np.floor(1000.0 * colsum * rise[free])
+    tin = view.inlet_c
+    today = np.full(len(free), float(tin.max()))
+    nonempty = np.diff(heat.indptr) > 0
+    if heat.nnz:
+        tops = np.maximum.reduceat(tin[heat.indices] + heat.data, heat.indptr[:-1][nonempty])
+        today[nonempty] = np.maximum(float(tin.max()), tops)
+    chosen = _heap_positions(heat, tin.copy(), today, np.lexsort((free, q)), n)
+    return np.sort(free[chosen])
 
 
 def _heap_positions(
@@ -150,7 +163,10 @@ def test_the_chunks_decide_as_the_heap_at_the_rounding_boundary() -> None:
         by_rank = rng.permutation(cols)
         for n in sorted({1, cols // 3, cols // 2, cols}):
             want = _heap_positions(heat, tin.copy(), today, by_rank, n)
-            got = mg.greedy_positions(heat, tin.copy(), today, by_rank, n)
+            monotone = bool(heat.data.min() >= 0) if heat.nnz else True
+            got = mg.greedy_positions(
+                heat, np.arange(cols), tin.copy(), today, by_rank, n, monotone
+            )
             assert sorted(got) == sorted(want.tolist())
 
 
@@ -168,3 +184,19 @@ def test_round9_rounds_as_python_does() -> None:
         want = np.array([round(v, 9) for v in x.tolist()])
         assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
     assert math.isnan(float(mg.round9(np.array([np.nan]))[0]))
+
+
+def test_a_decisions_columns_refuse_to_serve_once_another_decision_took_the_arrays() -> None:
+    """The per-entry arrays are the model's, lent to one decision at a time: a stale
+    decision's columns fail loudly rather than read another decision's numbers."""
+    model = HallModel(tiled_hall(2, 10, seed=7))
+    first = view_of(model, _busy(model, 7, 0.3))
+    rise = first.rise_per_node(3500.0)
+    cols = _columns(first, rise)
+    before = cols.heat.toarray()
+    second = view_of(model, _busy(model, 8, 0.5))
+    greedy(second, second.rise_per_node(2900.0), 5)
+    with pytest.raises(RuntimeError, match="reused by another"):
+        _ = cols.heat
+    again = _columns(view_of(model, _busy(model, 7, 0.3)), rise)
+    assert np.array_equal(again.heat.toarray(), before)

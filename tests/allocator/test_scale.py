@@ -115,7 +115,7 @@ def test_the_models_column_sums_and_inlet_rises_are_bit_for_bit_the_columns_own(
     model = HallModel(tiled_hall(4, 25, seed=8, sparse=sparse).subset_rows([0, 1, 3]))
     rng = np.random.default_rng(8)
     rise = rng.uniform(-500.0, 2500.0, model.n)
-    for share in (0.02, 0.3, 0.9, 1.0):
+    for share in (0.02, 0.3, 0.6, 1.0):
         nodes = np.flatnonzero(rng.random(model.n) < share)
         d = model.d_csc[:, nodes]
         assert np.array_equal(model.col_sums[nodes], np.asarray(d.sum(axis=0)).ravel())

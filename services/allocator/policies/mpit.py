@@ -73,37 +73,49 @@ def peak_after(view: View, rise: Float64Array, nodes: IntArray) -> float:
 
 
 class _Columns:
-    """D's columns of the free nodes, scaled by their power rise, for O(nnz) peak scans."""
+    """D's columns scaled by each node's power rise, for O(nnz) peak scans of the free nodes.
+
+    Kept in D's own layout (column j is node j; busy nodes' columns are there but
+    never asked), in arrays the model lends to one decision at a time.
+    """
 
     def __init__(self, view: View, rise: Float64Array) -> None:
+        model = view.model
+        d = model.d_csc
         self.free = view.free_idx
-        cols = view.model.d_csc[:, self.free].tocsc()  # a copy: scaled in place below
-        cols.sum_duplicates()  # canonical: sorted rows, each once (the greedy adds per entry)
-        cols.data *= np.repeat(rise[self.free], np.diff(cols.indptr))
-        self.heat = cols
-        self.indptr, self.indices, self.data = cols.indptr, cols.indices, cols.data
-        self.nonempty = np.diff(self.indptr) > 0
-        self.starts = self.indptr[:-1][self.nonempty]
+        self.monotone = bool(rise[self.free].min() >= 0) if self.free.size else True
+        self._data, self._work = model.scratch(self)
+        np.take(rise, model.entry_cols, out=self._data)
+        self._data *= d.data
+        self._heat = sp.csc_matrix((self._data, d.indices, d.indptr), shape=d.shape)
         self._today: Float64Array | None = None
         self.view = view
 
-    def today(self) -> Float64Array:
-        """:meth:`peaks` of today's inlets, floored at today's peak (the shortcut and greedy
-        both start from it)."""
-        if self._today is None:
-            tin = self.view.inlet_c
-            self._today = self.peaks(tin, float(tin.max()))
-        return self._today
+    @property
+    def heat(self) -> sp.csc_matrix:
+        """Column j: node j's heat into every inlet (D's column j times its power rise)."""
+        self._check()
+        return self._heat
 
-    def peaks(self, tin: Float64Array, floor: float) -> Float64Array:
-        """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
-        out = np.full(len(self.free), floor)
-        if self.data.size:
-            values = tin[self.indices]
-            values += self.data
-            tops = np.maximum.reduceat(values, self.starts)
-            out[self.nonempty] = np.maximum(floor, tops)
-        return out
+    def _check(self) -> None:
+        if not self.view.model.lent_to(self):
+            raise RuntimeError("MPIT's columns of an earlier decision were reused by another")
+
+    def today(self) -> Float64Array:
+        """For each free node: the hall's peak inlet if that node alone joined, floored at
+        today's peak (the shortcut and greedy both start from it)."""
+        if self._today is None:
+            self._check()
+            model, tin = self.view.model, self.view.inlet_c
+            floor = float(tin.max())
+            out = np.full(model.n, floor)
+            cols, starts = model.nonempty_cols
+            if cols.size:
+                values = np.take(tin, model.d_csc.indices, out=self._work)
+                values += self._data
+                out[cols] = np.maximum(floor, np.maximum.reduceat(values, starts))
+            self._today = out[self.free]
+        return self._today
 
 
 def _cheapest_within(
@@ -234,7 +246,10 @@ def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     """
     cols = _columns(view, rise)
     by_rank = np.lexsort((cols.free, _free_rise_mk(view, rise)))
-    picks = greedy_positions(cols.heat, view.inlet_c.copy(), cols.today(), by_rank, n)
+    today = cols.today()
+    picks = greedy_positions(
+        cols.heat, cols.free, view.inlet_c.copy(), today, by_rank, n, cols.monotone
+    )
     return np.sort(cols.free[np.array(picks, dtype=np.int64)])
 
 

@@ -49,32 +49,40 @@ def round9(x: Float64Array) -> Float64Array:
 
 
 def greedy_positions(
-    heat: sp.csc_matrix, tin: Float64Array, start: Float64Array, by_rank: IntArray, n: int
+    heat: sp.csc_matrix,
+    columns: IntArray,
+    tin: Float64Array,
+    start: Float64Array,
+    by_rank: IntArray,
+    n: int,
+    monotone: bool,
 ) -> list[int]:
-    """Positions (into the free nodes) of the n greedy picks, in pick order.
+    """Positions (into ``columns``, the free nodes) of the n greedy picks, in pick order.
 
-    ``heat``: the free nodes' columns of D times each one's power rise (canonical CSC);
-    ``tin``: today's inlets (absent nodes at -inf), updated in place;
-    ``start``: each node's peak if it alone joined, at least today's peak;
-    ``by_rank``: the positions in tie order.
+    ``heat``: column ``columns[j]`` is node j's heat into every inlet (D's column times
+    its power rise; canonical CSC); ``tin``: today's inlets (absent nodes at -inf),
+    updated in place; ``start``: each node's peak if it alone joined, at least today's
+    peak; ``by_rank``: the positions in tie order; ``monotone``: no node's heat is
+    negative (then chunks are exact; else the heap alone, as always).
     """
     first = np.round(start, 9)  # the heap's first keys, as they always were
     level_of = np.maximum(first, round9(start))  # e_j before any step
     peak = round(float(tin.max()), 9)  # only the rounded peak ever decides
     keys = first.copy()
     chosen: list[int] = []
-    if heat.data.size == 0 or heat.data.min() >= 0.0:  # e never falls: levels are exact
+    if monotone:  # e never falls: levels are exact
         low = float(level_of.min())
         level = by_rank[level_of[by_rank] == low]
         if len(level) >= LEVEL_MIN:
-            peak = _level(heat, tin, level, low, peak, n, chosen, keys)
+            peak = _level(heat, columns, tin, level, low, peak, n, chosen, keys)
     if len(chosen) < n:
-        _heap(heat, tin, keys, by_rank, peak, n, chosen)
+        _heap(heat, columns, tin, keys, by_rank, peak, n, chosen)
     return chosen
 
 
 def _level(
     heat: sp.csc_matrix,
+    columns: IntArray,
     tin: Float64Array,
     level: IntArray,
     low: float,
@@ -93,7 +101,7 @@ def _level(
     while at < len(level) and len(chosen) < n:
         chunk = level[at : at + min(size, n - len(chosen))]
         at += len(chunk)
-        part = heat[:, chunk]
+        part = heat[:, columns[chunk]]
         ptr, rows, add = part.indptr, part.indices, part.data
         bound = tin.copy()
         np.add.at(bound, rows, add)  # sequential: the exact inlets if the whole chunk is taken
@@ -139,6 +147,7 @@ def _level(
 
 def _heap(
     heat: sp.csc_matrix,
+    columns: IntArray,
     tin: Float64Array,
     keys: Float64Array,
     by_rank: IntArray,
@@ -153,14 +162,15 @@ def _heap(
     ranks = np.flatnonzero(left[by_rank])  # tie ranks of the nodes left
     heap = list(zip(keys[by_rank[ranks]].tolist(), ranks.tolist(), strict=True))
     heapq.heapify(heap)
-    bounds = heat.indptr.tolist()
+    firsts = heat.indptr[columns].tolist()
+    lasts = heat.indptr[columns + 1].tolist()
     position = by_rank.tolist()
     indices, data = heat.indices, heat.data
     pop, push = heapq.heappop, heapq.heappush
     while len(chosen) < n:
         key, r = pop(heap)
         j = position[r]
-        a, b = bounds[j], bounds[j + 1]
+        a, b = firsts[j], lasts[j]
         if b > a:
             rows, add = indices[a:b], data[a:b]
             fresh = round(max(peak, float((tin[rows] + add).max())), 9)
