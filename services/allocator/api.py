@@ -17,7 +17,7 @@ from services.allocator.policies import REGISTRY
 from services.allocator.runtime import AllocatorCore
 from services.common.auth import Role
 from services.common.errors import ConfigError, NotFoundError
-from services.common.http import requires
+from services.common.http import read_capped, requires
 
 
 class JobIn(BaseModel):
@@ -134,7 +134,7 @@ def router(core: AllocatorCore) -> APIRouter:
     @r.put("/hall/model", dependencies=admin, responses={413: {}, 422: {}})
     async def put_model(request: Request) -> Any:
         """Make a D live: ``d_matrix``, ``d_coo`` or ``d_npz`` (:mod:`.model_wire`)."""
-        raw = await _body(request, wire.MAX_BODY_BYTES)
+        raw = await read_capped(request, wire.MAX_BODY_BYTES)
         if raw is None:
             counted.labels("model").inc()
             return _problem(
@@ -165,20 +165,6 @@ def router(core: AllocatorCore) -> APIRouter:
 
 DENSE_MAX_NODES = 2000
 """A sparse D is sent dense only up to this many nodes (4M numbers)."""
-
-
-async def _body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None once it passes ``limit`` bytes (read no further)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _fields(exc: ValidationError | RequestValidationError) -> str:
