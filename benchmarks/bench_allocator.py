@@ -331,15 +331,16 @@ def _scale(quick: bool) -> list[str]:
     # cases per kind: 20 at 1,000 nodes (cheap, and where MPIT is still exact), 8 at 10,000
     halls = ((10, 10, 3), (10, 50, 3)) if quick else ((10, 25, 20), (10, 250, 8))
     done = [_scale_hall(rows, racks, count) for rows, racks, count in halls]
+    small = halls[0][0] * halls[0][1] * 4
     return [
         "Site scale: halls of reference pods with a sparse D. "
         + " ".join(line for line, _ in done)
-        + f" Cases ({halls[0][2]} of each kind at {halls[0][0] * halls[0][1] * 4:,} nodes, "
+        + f" Cases ({halls[0][2]} of each kind at {small:,} nodes, "
         f"{halls[1][2]} at {halls[1][0] * halls[1][1] * 4:,}): typical 0-70 % busy with jobs of 8-500 "
         "nodes, hot 0-40 % busy with jobs of "
         "30-60 % of the free nodes; each case decided three times, the best wall and process CPU "
         "time kept; ms p50 / p95 / max over the cases; peak memory a decision allocates "
-        "(tracemalloc, a separate run, MB); the goal (10,000 nodes; none is stated at 1,000) is "
+        f"(tracemalloc, a separate run, MB); the goal (10,000 nodes; none is stated at {small:,}) is "
         "judged on CPU time:",
         "",
         "| nodes | policy | typical wall | typical CPU | hot wall | hot CPU | peak MB | goal ms "
