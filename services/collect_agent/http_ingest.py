@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 
 from services.collect_agent.spool import SpoolError
+from services.common.http import read_capped
 from services.common.readings import Batch
 
 if TYPE_CHECKING:
@@ -69,17 +70,9 @@ class BodyError(ValueError):
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, at most ``limit`` bytes (also once gzip is undone); HTTPException 413/400."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"body of {declared} bytes exceeds max_payload_bytes={limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"body exceeds max_payload_bytes={limit}")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    body = await read_capped(request, limit)
+    if body is None:
+        raise HTTPException(413, f"body exceeds max_payload_bytes={limit}")
     if request.headers.get("content-encoding", "").lower() == "gzip":
         d = zlib.decompressobj(wbits=31)
         try:
