@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from services.collect_agent.line_protocol import LineProtocol, ParseResult, numbers
 from services.collect_agent.line_protocol.table import SpanTable
 from tests.collect_agent import lp_corpus
-from tests.support.native import CORES, core_param
+from tests.support.native import CORES, core_param, require_native
 
 NOW = 1_764_500_000_123_456_789
 PRECISIONS = ["ns", "u", "ms", "s", "m", "h"]
@@ -178,3 +178,33 @@ def test_numbers_convert_as_python_does() -> None:
             taken += 1
             assert repr(v) == repr(float(t)), t
     assert taken > 2500
+
+
+@pytest.mark.parametrize("action", ["parse", "clear", "init"])
+def test_the_compiled_tables_refuse_a_parse_or_clear_from_inside_a_parse(action: str) -> None:
+    """The naming callbacks run Python code: one that parses with, clears or re-creates
+    the tables it is called from gets a RuntimeError, not freed slots under the parse;
+    the tables work on afterwards."""
+    core = require_native()
+    calls: list[bytes] = []
+
+    def field(head: str, key: bytes) -> str:
+        return head + "/" + key.decode()
+
+    def head(key: bytes) -> str:
+        calls.append(key)
+        if len(calls) == 1:  # the first time only
+            if action == "parse":
+                tables.parse(b"m v=1", 1, 0, 1 << 62, 1000)
+            elif action == "clear":
+                tables.clear()
+            else:
+                tables.__init__(head, field, 7)
+        return "/x"
+
+    tables = core.LineTables(head, field, 7)
+    with pytest.raises(RuntimeError, match="during a parse"):
+        tables.parse(b"m,h=a v=1 1\n", 1, 0, 1 << 62, 1000)
+    got = tables.parse(b"m,h=a v=1 1\nm,h=a v=2 2\n", 1, 0, 1 << 62, 1000)
+    assert got[0] == ["/x/v", "/x/v"] and got[4] == 2
+    assert calls == [b"m,h=a", b"m,h=a"]

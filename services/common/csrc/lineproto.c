@@ -76,6 +76,8 @@ typedef struct {
     unsigned char *arena;
     size_t alen, acap;
     int32_t nseries;
+    int busy; /* a parse is under way: the callbacks run Python code, which must not
+                 parse with or clear these tables (their slots and names are in use) */
     uint64_t seed;
     PyObject *head_fn; /* key bytes -> str | None */
     PyObject *name_fn; /* (head, field bytes) -> str | None */
@@ -701,6 +703,10 @@ static PyObject *LineTables_parse(LineTables *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "SLLKn", &body_obj, &scale, &default_ns, &max_stamp,
                           &max_entries))
         return NULL;
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "LineTables.parse called during a parse");
+        return NULL;
+    }
     if ((Py_ssize_t)(self->series.used + self->fields.used) > max_entries ||
         self->alen > MAX_ARENA) {
         if (tables_reset(self) < 0) return NULL;
@@ -720,6 +726,7 @@ static PyObject *LineTables_parse(LineTables *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     Py_INCREF(body_obj); /* a callback must not free it under us */
+    self->busy = 1;
     while (pos < n) {
         if (bl->nlines == BLOCK && resolve_block(self, &bd, bl, &out, rest, &lines, &strings) < 0)
             goto done;
@@ -773,6 +780,7 @@ static PyObject *LineTables_parse(LineTables *self, PyObject *args) {
                            PyByteArray_FromStringAndSize((const char *)out.line, size), lines,
                            strings, rest);
 done:
+    self->busy = 0;
     Py_DECREF(body_obj);
     Py_DECREF(rest);
     out_free(&out);
@@ -782,6 +790,10 @@ done:
 }
 
 static PyObject *LineTables_clear(LineTables *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "LineTables.clear called during a parse");
+        return NULL;
+    }
     if (tables_reset(self) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -816,6 +828,10 @@ static int LineTables_init(LineTables *self, PyObject *args, PyObject *kwds) {
     PyObject *head, *name;
     unsigned long long seed;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOK", kwlist, &head, &name, &seed)) return -1;
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "LineTables.__init__ called during a parse");
+        return -1;
+    }
     Py_INCREF(head);
     Py_INCREF(name);
     Py_XSETREF(self->head_fn, head);
