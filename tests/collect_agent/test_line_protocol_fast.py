@@ -86,14 +86,14 @@ def test_fuzzed_bytes(body: str, precision: str, core: str) -> None:
     same(body, precision, make(core, {"mapped": "/dc/x"}))
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(5))
 def test_bodies_cut_anywhere_and_with_random_bytes(seed: int, core: str) -> None:
     """Bodies cut at any byte (mid-token, mid-quote, mid-timestamp) with a few bytes set to
     anything (NUL, high bytes, bytes that are not UTF-8): the same answer as the reference."""
     r = random.Random(500 + seed)
     lp = make(core)
     whole = (lp_corpus.uniform_body(r, 30) + lp_corpus.body(r, 30)).encode()
-    for _ in range(60):
+    for _ in range(50):
         cut = bytearray(whole[: r.randint(0, len(whole))])
         for _ in range(r.randint(0, 4)):
             if cut:
