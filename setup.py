@@ -10,8 +10,13 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 
-def native_extension() -> Extension:
+def native_extension() -> Extension | None:
+    """The compiled core, or None without its sources: the image's dependency layer
+    installs from pyproject.toml alone, and an extension of no sources would leave a
+    module without an entry point in build/, newer than the sources copied in later."""
     csrc = Path(__file__).resolve().parent / "services/common/csrc"
+    if not list(csrc.glob("*.c")):
+        return None
     return Extension(
         "services.common._native",
         sources=sorted(str(p.relative_to(csrc.parents[2])) for p in csrc.glob("*.c")),
@@ -22,4 +27,5 @@ def native_extension() -> Extension:
 
 
 if __name__ == "__main__":  # (setuptools runs this file as __main__)
-    setup(ext_modules=[native_extension()])
+    ext = native_extension()
+    setup(ext_modules=[ext] if ext is not None else [])
