@@ -170,3 +170,31 @@ def test_rate_uses_integer_durations() -> None:
                np.array([10**18 + 2], dtype=np.int64), 2)  # fmt: skip
     got, ok = windows.extrapolated(m, True, False)
     assert bool(ok[0]) and got[0] == 2.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(-(10**6), 10**6), max_size=8), min_size=1, max_size=5),
+    st.lists(st.integers(-(2 * 10**6), 2 * 10**6), max_size=6),
+    st.sampled_from(["left", "right"]),
+    st.booleans(),
+)
+def test_stacked_search_is_a_searchsorted_per_series(
+    series: list[list[int]], qs: list[int], side: str, far: bool
+) -> None:
+    """One search over all series (each in its own band) finds what a search per series does;
+    times too far apart for the bands take the loop."""
+    from services.query_api.promql.values import stacked_search
+
+    def times(xs: list[int]) -> np.ndarray:
+        a = np.array(xs, dtype=np.int64)
+        return (a % 5 - 2) * 2**61 if far else a  # far: +-2**62 apart, bands would overflow
+
+    parts = [np.sort(times(p)) for p in series]
+    q = times(qs)
+    got = stacked_search(parts, q, side)  # type: ignore[arg-type]
+    base = np.cumsum([0] + [p.shape[0] for p in parts])
+    want = [np.searchsorted(p, q, side=side) + base[i] for i, p in enumerate(parts)]  # type: ignore[call-overload]
+    assert got.shape == (len(parts), q.shape[0])
+    for i in range(len(parts)):
+        assert got[i].tolist() == want[i].tolist()
