@@ -161,6 +161,28 @@ def test_a_new_scale_down_gets_a_new_job_unless_one_still_runs(template: Obj) ->
         assert f"{STS}-drain-1-g9" in kube.jobs()
 
 
+def test_a_failed_job_is_followed_by_another(template: Obj) -> None:
+    with FakeKube() as kube:
+        cluster(kube, replicas=1, generation=5, ordinals=range(2))
+        j = janitor(kube, template)
+        assert outcomes(j.run()) == {1: "created"}
+        finish(kube.jobs()[f"{STS}-drain-1-g5"], "Failed")  # its retries spent
+        assert [a.job for a in j.run()] == [f"{STS}-drain-1-g5-r1"]
+        finish(kube.jobs()[f"{STS}-drain-1-g5-r1"])
+        assert outcomes(j.run()) == {1: "exists"}
+
+
+def test_ordinals_that_start_above_zero(template: Obj) -> None:
+    with FakeKube() as kube:
+        cluster(kube, replicas=2, generation=1, ordinals=range(4))
+        sts = kube.objects[("apps/v1", "statefulsets")][STS]
+        sts["spec"]["ordinals"] = {"start": 2}  # runs ordinals 2 and 3
+        kube.objects[("v1", "pods")].clear()
+        kube.put("v1", "pods", pod(f"{STS}-2", [claim(2)]))
+        kube.put("v1", "pods", pod(f"{STS}-3", [claim(3)]))
+        assert outcomes(janitor(kube, template).run()) == {0: "created", 1: "created"}
+
+
 def test_a_hook_drain_job_of_helm_upgrade_counts_as_draining(template: Obj) -> None:
     with FakeKube() as kube:
         cluster(kube, replicas=1, generation=2, ordinals=range(2))
@@ -173,6 +195,26 @@ def test_a_refused_token_is_a_clear_error(template: Obj) -> None:
         cluster(kube, replicas=1, generation=1, ordinals=range(2))
         with pytest.raises(KubeApiError, match="401"):
             janitor(kube, template, token="wrong").run()
+
+
+def test_kelvin_spool_orphans_dry_run_creates_nothing(
+    template: Obj, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main as kelvin
+
+    job_file = tmp_path / "drain-job.json"
+    job_file.write_text(json.dumps(template))
+    with FakeKube() as kube:
+        cluster(kube, replicas=1, generation=1, ordinals=range(2))
+        args = ["spool", "orphans", "--statefulset", STS, "--job-template", str(job_file),
+                "--api-server", kube.url, "--namespace", "kelvin",
+                "--token-file", str(kube.token_file())]  # fmt: skip
+        assert kelvin([*args, "--dry-run"]) == 0
+        assert kube.posts() == 0
+        assert json.loads(capsys.readouterr().out)["outcome"] == "would create"
+        kube.token = "rotated"  # a refused token: a clear message, exit 1, no traceback
+        assert kelvin(args) == 1
+        assert "401" in capsys.readouterr().err
 
 
 def test_job_names_stay_dns_labels() -> None:
