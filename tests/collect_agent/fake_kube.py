@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
@@ -39,7 +41,10 @@ def _status(code: int, reason: str, message: str) -> Obj:
 class FakeKube:
     """Objects by (group/version, resource) -> name; the calls it was sent in ``calls``."""
 
-    def __init__(self, namespace: str = "kelvin", token: str = "janitor-token") -> None:
+    def __init__(
+        self, namespace: str = "kelvin", token: str = "janitor-token", tls: bool = False
+    ) -> None:
+        """``tls``: serve HTTPS with a self-signed certificate for 127.0.0.1 (:attr:`ca`)."""
         self.namespace, self.token = namespace, token
         self.objects: dict[tuple[str, str], dict[str, Obj]] = {k: {} for k in RESOURCES}
         self.calls: list[tuple[str, str]] = []
@@ -52,13 +57,39 @@ class FakeKube:
         self._lock = threading.Lock()
         self._dir = Path(tempfile.mkdtemp(prefix="fake-kube-"))
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.scheme = "http"
+        if tls:
+            self.scheme = "https"
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self.ca, self._cert("server")[1])
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def ca(self) -> Path:
+        """The server's (self-signed) certificate: the CA a client trusts."""
+        return self._cert("server")[0]
+
+    def _cert(self, name: str) -> tuple[Path, Path]:
+        cert, key = self._dir / f"{name}.crt", self._dir / f"{name}.key"
+        if not cert.exists():
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                 "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                 "-keyout", str(key), "-out", str(cert)],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+        return cert, key
+
+    def other_ca(self) -> Path:
+        """A certificate that did not sign this server's."""
+        return self._cert("other")[0]
 
     def __enter__(self) -> FakeKube:
         self._thread.start()

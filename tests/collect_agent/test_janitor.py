@@ -10,6 +10,7 @@ container command as a real process on the agent's spool directory.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,27 @@ def test_kelvin_spool_orphans_dry_run_creates_nothing(
         kube.token = "rotated"  # a refused token: a clear message, exit 1, no traceback
         assert kelvin(args) == 1
         assert "401" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="openssl makes the test's certificate")
+def test_in_a_pod_it_verifies_the_api_server_with_the_cluster_ca(
+    template: Obj, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeKube(tls=True) as kube:
+        cluster(kube, replicas=1, generation=1, ordinals=range(2))
+        sa = tmp_path / "serviceaccount"  # as the chart's projected volume lays it out
+        sa.mkdir()
+        shutil.copy(kube.token_file(), sa / "token")
+        (sa / "namespace").write_text("kelvin")
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", kube.url.rsplit(":", 1)[1])
+        shutil.copy(kube.other_ca(), sa / "ca.crt")
+        with pytest.raises(KubeApiError, match="CERTIFICATE_VERIFY_FAILED"):
+            Janitor(KubeApi.in_cluster(sa_dir=sa), STS, template).run()
+        assert not kube.calls, "nothing reached a server it could not verify"
+        shutil.copy(kube.ca, sa / "ca.crt")
+        (action,) = Janitor(KubeApi.in_cluster(sa_dir=sa), STS, template).run()
+        assert action.outcome == "created"
 
 
 def test_job_names_stay_dns_labels() -> None:
