@@ -91,6 +91,7 @@ def test_its_pod_gets_a_short_lived_projected_token_and_runs_unprivileged(
              {}).get("items", [])]  # fmt: skip
     assert sorted(paths) == ["ca.crt", "namespace"], "what KubeApi.in_cluster reads"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["restartPolicy"] == "Never" and not c.get("resources"), "unset by default"
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
     assert sc["allowPrivilegeEscalation"] is False
