@@ -164,3 +164,10 @@ def test_network_policies_let_the_janitor_reach_the_api_server(chart: ChartRende
     template = json.loads(r.get("ConfigMap", NAME)["data"]["drain-job.json"])
     component = template["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
     assert component in sources
+
+
+def test_notes_warn_of_an_hpa_with_claims_only_without_the_janitor(chart: ChartRenderer) -> None:
+    hpa = {"autoscaling": {"enabled": True}, "resources": {"requests": {"cpu": "500m"}}}
+    assert "spool janitor off" not in chart.render({"collectAgent": hpa}).notes
+    off = {**hpa, "spool": {"persistence": {"janitor": {"enabled": False}}}}
+    assert "spool janitor off" in chart.render({"collectAgent": off}).notes
