@@ -102,7 +102,7 @@ def _cmd_drain(args: argparse.Namespace) -> int:
         finally:
             await storage.close()
         if result is None:
-            print(f"{directory} is held by a running collect agent: it replays it itself")
+            print(f"{directory} is held by another process (its agent or a drain): it writes it")
             return 0
         written, left = result
         print(f"{directory}: {written} readings written, {left} left")
