@@ -9,6 +9,7 @@ container command as a real process on the agent's spool directory.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -18,13 +19,16 @@ from typing import Any
 
 import pytest
 
+from services.cli import main as kelvin
 from services.collect_agent.janitor import Action, Janitor, drain_job, job_name
 from services.collect_agent.kube_api import KubeApi, KubeApiError
+from services.collect_agent.spool import Spool
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from tests.collect_agent.agent_proc import ROOT, AgentProcess
 from tests.collect_agent.fake_kube import FakeKube
 from tests.collect_agent.test_drain import TS0, publish
+from tests.collect_agent.test_orphans import left_behind
 from tests.collect_agent.test_scaleout import blocked  # noqa: F401  (a fixture)
 
 STS = "kelvin-collect-agent"
@@ -201,8 +205,6 @@ def test_a_refused_token_is_a_clear_error(template: Obj) -> None:
 def test_kelvin_spool_orphans_dry_run_creates_nothing(
     template: Obj, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from services.cli import main as kelvin
-
     job_file = tmp_path / "drain-job.json"
     job_file.write_text(json.dumps(template))
     with FakeKube() as kube:
@@ -319,3 +321,22 @@ async def test_a_scaled_down_agents_spool_is_drained_by_the_job_the_janitor_crea
     finally:
         await storage.close()
     assert ts == [TS0 + k for k in range(acked)], "every acknowledged reading, once"
+
+
+async def test_a_drain_job_on_a_spool_its_returned_agent_holds_exits_0_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ordinal came back before its drain Job's pod started: the Job leaves it alone."""
+    spool_dir = tmp_path / "ordinal-2"
+    written = await left_behind(spool_dir)
+    agent = Spool(spool_dir)  # the returned agent holds it and replays it itself
+    await agent.open()
+    try:
+        config = tmp_path / "kelvin.yaml"
+        config.write_text(f"storage:\n  sqlite:\n    path: {tmp_path / 'k.sqlite'}\n")
+        args = ["spool", "drain", str(spool_dir), "--config", str(config)]
+        assert await asyncio.to_thread(kelvin, args) == 0
+        assert "is held by another process" in capsys.readouterr().out
+        assert agent.pending_readings == written, "nothing taken from the agent"
+    finally:
+        await agent.close()
