@@ -308,6 +308,21 @@ class HttpServer:
         self._server = None
 
 
+async def read_capped(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it passes ``limit`` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def health_router(metrics: ServiceMetrics, ready: ReadyCheck | None = None) -> APIRouter:
     """``/healthz`` (alive), ``/readyz`` (able to do its job), ``/metrics``."""
     router = APIRouter(tags=["health"], dependencies=[public()])
