@@ -268,7 +268,10 @@ async def _serve(names: Sequence[str], cfg: Config, tokens: Tokens | None) -> No
     stop = asyncio.Event()
     install_stop_signals(stop)
     services = [_create(n, cfg) for n in names]
-    await run_services(services, stop, lambda: _announce(services, cfg, tokens))
+    # A stop that hangs ends this process with status 1 (and the stacks), never hangs it.
+    await run_services(
+        services, stop, lambda: _announce(services, cfg, tokens), exit_when_stuck=True
+    )
 
 
 def _announce(services: Sequence[Service], cfg: Config, tokens: Tokens | None = None) -> None:
