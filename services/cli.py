@@ -9,7 +9,8 @@ time; ``--insecure`` runs open, and then only on loopback by default. Tool comma
 (``query``, ``config``, ``csvimport``, ``allocator ...``, ``plugin ...``) are
 registered by each service's ``cli`` module.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
+Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage, 130
+interrupted (Ctrl-C), 141 the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from services.common import logs
 from services.common.auth import (
+    DEFAULT_TOKEN_FILE,
     AuthError,
     Role,
     Tokens,
@@ -34,8 +36,10 @@ from services.common.auth import (
     resolve_tokens,
 )
 from services.common.auth_settings import load_auth
+from services.common.cli_util import FreshPaths, mark_leaves, parse, quiet_stdout
 from services.common.config import Config, LoggingSettings
 from services.common.errors import ConfigError, KelvinError, PortInUseError
+from services.common.net import Listener, check_free
 from services.common.service import Service, install_stop_signals, run_services
 
 log = logging.getLogger("kelvin")
@@ -264,14 +268,30 @@ def _create(name: str, cfg: Config) -> Service:
     return svc
 
 
-async def _serve(names: Sequence[str], cfg: Config, tokens: Tokens | None) -> None:
+def check_ports(names: Sequence[str], cfg: Config) -> None:
+    """Every port the services will listen on, checked at once before anything is created:
+    one message naming each taken port and the flag that moves it."""
+    found: list[Listener] = []
+    for name in names:
+        listeners = getattr(importlib.import_module(SERVICES[name]), "listeners", None)
+        if listeners is not None:
+            found += listeners(cfg)
+    check_free(found)
+
+
+async def _serve(
+    names: Sequence[str], cfg: Config, tokens: Tokens | None, announced: list[bool]
+) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     services = [_create(n, cfg) for n in names]
+
+    def started() -> None:
+        announced.append(True)
+        _announce(services, cfg, tokens)
+
     # A stop that hangs ends this process with status 1 (and the stacks), never hangs it.
-    await run_services(
-        services, stop, lambda: _announce(services, cfg, tokens), exit_when_stuck=True
-    )
+    await run_services(services, stop, started, exit_when_stuck=True)
 
 
 def _announce(services: Sequence[Service], cfg: Config, tokens: Tokens | None = None) -> None:
@@ -332,15 +352,51 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _start(names: Sequence[str], cfg: Config) -> int:
     logset = cfg.load(LoggingSettings)
     logs.setup(logset.level, logset.json_format)
-    tokens = prepare_auth(cfg, names)
-    if tokens is not None and cfg.profile in ("up", "demo"):
-        mqtt_logins(cfg, tokens)
     try:
-        asyncio.run(_serve(names, cfg, tokens))
+        check_ports(names, cfg)
     except PortInUseError as exc:
         print(f"kelvin: {exc}", file=sys.stderr)
         return 1
+    fresh = FreshPaths(_data_paths(names, cfg))
+    tokens = prepare_auth(cfg, names)
+    if tokens is not None and cfg.profile in ("up", "demo"):
+        mqtt_logins(cfg, tokens)
+    announced: list[bool] = []
+    try:
+        asyncio.run(_serve(names, cfg, tokens, announced))
+    except BaseException as exc:
+        if not announced:  # it never ran: take back what this start created
+            fresh.remove(tokens.file if tokens is not None and tokens.generated else None)
+        if isinstance(exc, PortInUseError):
+            print(f"kelvin: {exc}", file=sys.stderr)
+            return 1
+        raise
     return 0
+
+
+STATE = {
+    "collect-agent": ("services.collect_agent.settings", ("spool_dir",)),
+    "allocator": ("services.allocator.settings", ("state_dir",)),
+    "pusher": ("services.pusher.settings", ("state_dir",)),
+}
+"""Per service: its settings module and the directories it keeps state in."""
+
+
+def _data_paths(names: Sequence[str], cfg: Config) -> list[Path]:
+    """Where a start may create files: the token file, state directories, the database."""
+    paths = [load_auth(cfg).token_file or DEFAULT_TOKEN_FILE]
+    for name in names:
+        module, keys = STATE.get(name, ("", ()))
+        if module:
+            settings = cfg.load(importlib.import_module(module).Settings)
+            paths += [Path(getattr(settings, k)) for k in keys]
+        if name in ("collect-agent", "query-api"):
+            from services.common.storage.settings import StorageSettings
+
+            storage = cfg.load(StorageSettings)
+            if storage.backend == "sqlite":
+                paths.append(storage.sqlite.path)
+    return paths
 
 
 def build_parser(tools: bool = True) -> argparse.ArgumentParser:
@@ -408,12 +464,19 @@ def _version() -> str:
         return "0+unknown"
 
 
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(tools=not (argv and argv[0] in ("run", "up")))
-    args = parser.parse_args(argv)
+    mark_leaves(parser)
+    args = parse(parser, argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a reader gone away shows here, not at interpreter exit
     except ConfigError as exc:
         print(f"kelvin: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -421,7 +484,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kelvin: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:  # a file named on the command line: missing, unreadable, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kelvin: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

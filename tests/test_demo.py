@@ -1,12 +1,17 @@
-"""The closed-loop demo: `kelvin up --demo`, then `kelvin allocator calibrate` recovers D.
+"""The closed-loop demo: `kelvin up --demo`, its hall's physics as stored, then calibration.
 
 One real `kelvin up --demo` (subprocess, free ports, temp data dir) at its
 default settings, as a user starts it: the `joint` policy places a job every
-second or so, the simulated hall is sampled every 250 ms, every busy node
-alternates compute and communication phases and every node's load jitters
-(docs/pusher.md, `datacenter`). After a warm-up of about 75 s the calibration
-command, run as a user would run it against the query API, must recover the
-hall's heat-recirculation matrix within the error docs/allocator.md states.
+3 s or so, the simulated hall is sampled every 250 ms, every busy node
+alternates compute and communication phases and every node's load jitters,
+heat follows power with a 20 s lag and the CRAC moves its supply at 3 °C/min
+(docs/pusher.md, `datacenter`). After a warm-up of about 75 s the stored
+telemetry must show that physics (cooling power that changes smoothly, a
+realistic PUE), and the calibration command, run as a user would run it
+against the query API, must find the lag and fit the data to the sensors'
+noise, and must not claim to know D better than it does. That it recovers D
+within the stated bound after ten minutes is checked in simulated time
+(tests/allocator/test_demo.py): a live test would take that long.
 """
 
 from __future__ import annotations
@@ -32,10 +37,8 @@ WARMUP_SAMPLES = 300
 MIN_SAMPLES = 240
 """Fewer than a minute's worth (a loaded machine skipping reads) is not the demo's default."""
 DEADLINE_S = 80.0
-D_REL_BOUND = 0.10
-"""docs/allocator.md, "Closed loop": calibration recovers D to < 10 % (relative Frobenius) ..."""
-TIN_RMSE_BOUND_C = 0.10
-"""... and the predicted inlets to 0.1 °C RMS."""
+COOLING_SLOPE_KW_S = 3.0
+"""docs/console.md: the hall's cooling power changes by at most this much per second."""
 NOISE_C = 0.1
 """The datacenter plugin's default inlet-sensor noise (standard deviation)."""
 PROBE = "/hall/row1/rack4/node3/inlet_temp"
@@ -54,6 +57,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KelvinUp, i
 def _count(client: httpx.Client, base: str, sensor: str, start_ns: int) -> int:
     r = client.get(f"{base}/api/v1/readings", params={"sensor": sensor, "start": str(start_ns)})
     return int(r.json()["count"]) if r.status_code == 200 else 0
+
+
+def _series(client: httpx.Client, base: str, sensor: str, start_ns: int) -> np.ndarray:
+    params = {"sensor": sensor, "start": str(start_ns), "format": "json"}
+    doc = client.get(f"{base}/api/v1/readings", params=params).json()
+    return np.array([doc["timestamps_ns"], doc["values"]], dtype=np.float64)
 
 
 def test_calibration_recovers_the_halls_d_from_the_default_demo(
@@ -76,6 +85,17 @@ def test_calibration_recovers_the_halls_d_from_the_default_demo(
         )
         assert raised.status_code == 200 and raised.json()["count"] >= 1
         assert raised.json()["unit"] == "°C"
+        cooling = _series(client, query, "/hall/cooling_power", start_ns)
+        it = _series(client, query, "/hall/power", start_ns)
+        supply = _series(client, query, "/hall/supply_temp", start_ns)
+    # The hall's physics as stored: smooth cooling, a CRAC at its rate, a realistic PUE.
+    dt_s = np.diff(cooling[0]) / 1e9
+    assert (np.abs(np.diff(cooling[1])) / 1e3 / dt_s).max() < COOLING_SLOPE_KW_S
+    assert (np.abs(np.diff(supply[1])) / (np.diff(supply[0]) / 1e9)).max() <= 3.0 / 60 + 1e-6
+    assert np.array_equal(cooling[0], it[0])  # one pusher group: the same instants
+    k = len(it[1]) // 40 * 40  # 10 s means
+    pue = (it[1][:k] + cooling[1][:k]).reshape(-1, 40).sum(1) / it[1][:k].reshape(-1, 40).sum(1)
+    assert pue.min() > 1.15 and pue.max() < 2.1, pue
     known = tmp_path / "reference.D.txt"
     np.savetxt(known, reference_hall().d_matrix)
     out = subprocess.run(
@@ -90,8 +110,14 @@ def test_calibration_recovers_the_halls_d_from_the_default_demo(
     report = json.loads(out.stdout)
     assert report["sensors"] == 80
     assert report["samples"] >= MIN_SAMPLES, (report, up.tail())
-    # The residual is the sensors' noise: the stored data follow Tin = Tsup + D·P.
+    # The residual is the sensors' noise: the stored data follow Tin = Tsup(t) + D·Q, Q the
+    # powers through the hall's lag, which the fit found itself (the plugin's 20 s).
     assert report["rmse_c"] < 1.5 * NOISE_C, report
-    err = report["known"]
-    assert err["d_rel_frobenius"] < D_REL_BOUND, report
-    assert err["tin_rmse_c"] < TIN_RMSE_BOUND_C, report
+    assert report["supply_sensor"] == "/hall/supply_temp"
+    assert 10.0 <= report["time_constant_s"] <= 30.0, report
+    # 75 s of a thermal-aware policy cannot pin D down (docs/allocator.md); the report says so.
+    err, expected = report["known"], report["expected"]
+    assert err["d_rel_frobenius"] < expected["d_rel_frobenius"], report
+    assert err["tin_rmse_c"] < expected["tin_rmse_c"], report
+    # /hall/pue waits for its inputs at start without a warning (they arrive within seconds)
+    assert not [ln for ln in up.output().splitlines() if "WARNING" in ln and "/hall/pue" in ln]

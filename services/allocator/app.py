@@ -15,6 +15,7 @@ from services.allocator.settings import Settings
 from services.common.auth_settings import ServiceAuth, service_auth
 from services.common.errors import ConfigError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
+from services.common.net import Listener
 from services.common.settings import Config
 from services.common.tasks import stop_task
 
@@ -98,3 +99,9 @@ def create_service(config: Config) -> AllocatorService:
         job_stream = False
     auth = service_auth(config, settings.host, "allocator")
     return AllocatorService(settings, core, job_stream, auth)
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    return [Listener(s.host, s.port, "allocator HTTP", "--allocator-port")]

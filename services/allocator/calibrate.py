@@ -22,6 +22,7 @@ from scipy.optimize import nnls
 from scipy.sparse.linalg import norm as sparse_norm
 
 from services.common.errors import KelvinError
+from services.common.hall_physics import lagged
 from services.common.thermal import Float64Array, Hall
 
 Int64Array = npt.NDArray[np.int64]
@@ -307,3 +308,53 @@ def synthetic_samples(
         tin = np.round(tin / temp_resolution_c) * temp_resolution_c
     measured = powers_w + rng.normal(0.0, power_noise_w, powers_w.shape)
     return Samples(np.arange(t, dtype=np.int64) * 1_000_000_000, measured, tin)
+
+
+TIME_CONSTANTS_S = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0)
+"""Where :func:`fit_lagged` looks for the hall's time constant before refining (s)."""
+
+
+def lag_samples(samples: Samples, time_constant_s: float) -> Samples:
+    """The samples with every node's power through the thermal lag of ``time_constant_s``."""
+    lag = lagged(samples.times_ns, samples.powers_w, time_constant_s)
+    return Samples(samples.times_ns, lag, samples.inlet_c)
+
+
+def fit_lagged(
+    samples: Samples,
+    supply_c: float,
+    time_constant_s: float | None = None,
+    fit_supply: bool = False,
+) -> tuple[Fit, float, Samples]:
+    """Fit D through the hall's thermal lag: ``Tin - Tsup = D·Q``, ``Q`` the powers lagged by τ.
+
+    A node's heat reaches the air with its thermal mass's delay, first order
+    (:func:`services.common.hall_physics.lagged`, the simulated hall's own
+    physics). ``time_constant_s`` None: the τ of :data:`TIME_CONSTANTS_S`
+    with the smallest residual, refined between its neighbours. Returns the
+    fit, τ and the samples with the lagged powers (for :func:`standard_errors`).
+    """
+    from scipy.optimize import minimize_scalar
+
+    def at(tau: float) -> tuple[Fit, Samples]:
+        lag = lag_samples(samples, tau)
+        return fit_d(lag, supply_c, fit_supply), lag
+
+    if time_constant_s is not None:
+        fit, lag = at(time_constant_s)
+        return fit, time_constant_s, lag
+    grid = list(TIME_CONSTANTS_S)
+    rmse = [at(tau)[0].rmse_c for tau in grid]
+    k = int(np.argmin(rmse))
+    tau = grid[k]
+    if 0 < k < len(grid) - 1:
+        best = minimize_scalar(
+            lambda t: at(float(t))[0].rmse_c,
+            bounds=(grid[k - 1], grid[k + 1]),
+            method="bounded",
+            options={"xatol": 0.25},
+        )
+        if float(best.fun) < rmse[k]:
+            tau = round(float(best.x), 2)
+    fit, lag = at(tau)
+    return fit, tau, lag

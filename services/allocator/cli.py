@@ -156,6 +156,13 @@ def _calibrate_parser(group: Any) -> None:
         "hall's thermal time constant); default: the readings' own instants",
     )
     p.add_argument(
+        "--time-constant",
+        default="auto",
+        metavar="DURATION|auto",
+        help="the hall's thermal lag: inlets follow powers lagged by this time constant, "
+        "e.g. 20s; 0 = none; auto (default) = the one that fits the data best",
+    )
+    p.add_argument(
         "--fit-supply", action="store_true", help="fit each node's supply temperature too"
     )
     p.add_argument(
@@ -195,6 +202,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _print_calibration(doc: dict[str, Any]) -> None:
     print(f"hall {doc['hall']}: {doc['samples']} aligned samples from {doc['sensors']} sensors")
     print(f"fit RMSE {doc['rmse_c']:.3f} °C, worst residual {doc['max_abs_c']:.3f} °C")
+    supply = f"sensor {doc['supply_sensor']}" if doc.get("supply_sensor") else "the hall's"
+    print(f"thermal time constant {doc['time_constant_s']:g} s; supply temperature: {supply}")
     if "expected" in doc:
         e = doc["expected"]
         weak = f"; weakly excited nodes: {e['weak_nodes']}" if e["weak_nodes"] else ""

@@ -2,7 +2,9 @@
 
 Sensor names per hall node come from a map (templates with ``{row}``,
 ``{rack}``, ``{slot}``, ``{index}``, or explicit lists), by default
-:func:`services.common.thermal.node_sensor`. Series are read with
+:func:`services.common.thermal.node_sensor`; the supply temperature from the
+map's ``supply_temp`` or ``/hall/supply_temp`` when it exists (else the hall's
+constant ``supply_c``). Series are read with
 ``GET /api/v1/readings?sensor=NAME&start=NS&end=NS&format=json``.
 """
 
@@ -24,6 +26,8 @@ from services.allocator.calibrate import (
     align,
     compare,
     fit_d,
+    fit_lagged,
+    lag_samples,
     standard_errors,
 )
 from services.allocator.settings import Settings
@@ -31,10 +35,20 @@ from services.common.auth import Role
 from services.common.auth_settings import client_token
 from services.common.errors import ConfigError, KelvinError, NotFoundError
 from services.common.settings import Config
-from services.common.thermal import Float64Array, Hall, load_matrix, node_sensor, reference_hall
+from services.common.thermal import (
+    HALL_SENSOR_PREFIX,
+    Float64Array,
+    Hall,
+    load_matrix,
+    node_sensor,
+    reference_hall,
+)
 from services.common.times import parse_duration_ns, parse_time
 
 QUANTITIES = ("power", "inlet_temp")
+SUPPLY_KEY = "supply_temp"
+DEFAULT_SUPPLY_SENSOR = f"{HALL_SENSOR_PREFIX}/supply_temp"
+"""The simulated hall's CRAC supply (datacenter plugin); used when it exists and the map names none."""
 
 
 def sensor_names(hall: Hall, mapping: dict[str, Any] | None = None) -> dict[str, list[str]]:
@@ -119,10 +133,16 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
     token = args.token or client_token(config, Role.ADMIN) or client_token(config, Role.READ)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or settings.query_api_url
+    tau = _time_constant(getattr(args, "time_constant", None))
     with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:
         power = [fetch_series(client, n, start, end) for n in names["power"]]
         inlet = [fetch_series(client, n, start, end) for n in names["inlet_temp"]]
-    samples = align(power, inlet, step)
+        supply_name, supply = _supply_series(client, mapping, start, end)
+    samples = align(power, inlet + ([supply] if supply is not None else []), step)
+    base = hall.supply_c
+    if supply is not None:  # the inlets' rise over the supply as it was at each instant
+        rise = samples.inlet_c[:, :-1] - samples.inlet_c[:, -1:]
+        samples, base = Samples(samples.times_ns, samples.powers_w, rise), 0.0
     present = hall.present_mask
     local = getattr(args, "local", None)
     if hall.sparse and not local:
@@ -131,9 +151,12 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
             "--local RACKS[,ROWS] (a node's neighbourhood)"
         )
     if local:
-        d_full, fit = _local_fit(hall, samples, args.fit_supply, local, args.apply)
+        # A search over time constants would repeat the whole sparse fit: a given τ only.
+        tau = tau or 0.0
+        samples = lag_samples(samples, tau)
+        d_full, fit = _local_fit(hall, samples, base, args.fit_supply, local, args.apply)
     else:
-        fit = fit_d(samples, hall.supply_c, args.fit_supply)
+        fit, tau, samples = fit_lagged(samples, base, tau, args.fit_supply)
         d_full = np.zeros_like(hall.d_matrix)
         d_full[np.ix_(present, present)] = fit.d_matrix
     doc: dict[str, Any] = {
@@ -142,7 +165,9 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         "sensors": 2 * len(names["power"]),
         "rmse_c": fit.rmse_c,
         "max_abs_c": fit.max_abs_c,
-        "supply_c": fit.supply_c.tolist() if args.fit_supply else hall.supply_c,
+        "supply_c": fit.supply_c.tolist() if args.fit_supply else base or None,
+        "supply_sensor": supply_name,
+        "time_constant_s": tau,
         "distinct_operating_points": int(
             np.unique(np.round(samples.powers_w / 100.0), axis=0).shape[0]
         ),
@@ -163,7 +188,7 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _local_fit(
-    hall: Hall, samples: Samples, fit_supply: bool, spec: str, apply: bool
+    hall: Hall, samples: Samples, supply_c: float, fit_supply: bool, spec: str, apply: bool
 ) -> tuple[Any, Fit]:
     """A sparse D fitted within each node's neighbourhood (``--local RACKS[,ROWS]``)."""
     import scipy.sparse as sp
@@ -180,7 +205,7 @@ def _local_fit(
     present = hall.present_mask.astype(np.float64)
     near = sp.csr_matrix(sp.diags(present) @ near @ sp.diags(present))
     keep = np.flatnonzero(hall.present_mask)
-    fit = fit_d(samples, hall.supply_c, fit_supply, sp.csr_matrix(near[keep][:, keep]))
+    fit = fit_d(samples, supply_c, fit_supply, sp.csr_matrix(near[keep][:, keep]))
     coo = sp.coo_matrix(fit.d_matrix)
     full = sp.csr_matrix((coo.data, (keep[coo.row], keep[coo.col])), shape=near.shape)
     return full, fit
@@ -205,6 +230,34 @@ def apply_model(
     return url
 
 
+def _time_constant(spec: str | None) -> float | None:
+    """``--time-constant``: None (auto: found from the data) or seconds."""
+    if spec is None or spec.strip().lower() == "auto":
+        return None
+    try:
+        return parse_duration_ns(spec) / 1e9
+    except KelvinError as exc:
+        raise ConfigError(f"--time-constant: {exc}; or 'auto'") from exc
+
+
+def _supply_series(
+    client: httpx.Client, mapping: dict[str, Any] | None, start: int, end: int
+) -> tuple[str | None, Series | None]:
+    """The supply temperature's readings: the mapped sensor (which must exist), else the
+    simulated hall's when stored, else none (the hall's constant supply)."""
+    name = (mapping or {}).get(SUPPLY_KEY)
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"sensor map: {SUPPLY_KEY}: expected one sensor name")
+    try:
+        return name or DEFAULT_SUPPLY_SENSOR, fetch_series(
+            client, name or DEFAULT_SUPPLY_SENSOR, start, end
+        )
+    except NotFoundError:
+        if name:
+            raise
+        return None, None
+
+
 def _known_d(path: Path, hall: Hall) -> Float64Array:
     """The ``--known-d`` matrix, checked against the hall before any data is fetched."""
     d = load_matrix(path)
@@ -222,8 +275,10 @@ def _read_map(path: Path) -> dict[str, Any]:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read sensor map: {exc}") from exc
-    if not isinstance(doc, dict) or not set(doc) <= set(QUANTITIES):
-        raise ConfigError(f"{path}: expected a mapping with keys power and/or inlet_temp")
+    if not isinstance(doc, dict) or not set(doc) <= {*QUANTITIES, SUPPLY_KEY}:
+        raise ConfigError(
+            f"{path}: expected a mapping with keys power, inlet_temp and/or {SUPPLY_KEY}"
+        )
     return doc
 
 

@@ -16,8 +16,9 @@ class JobStream(BaseModel):
 
     enabled: bool | None = None
     """None: on only under the demo profile."""
-    mean_interval_s: float = Field(1.0, gt=0)
-    """Mean time between submissions (exponential)."""
+    mean_interval_s: float = Field(3.0, gt=0)
+    """Mean time between submissions (exponential); 3 s keeps the simulated hall's hottest inlet
+    under its redline under a thermal-aware policy most of the time, and a poor policy over it."""
     runtime_s: tuple[float, float] = (2.0, 10.0)
     """Job runtime, uniform in [low, high] seconds (stretched by Lf)."""
     sizes: tuple[int, int] = (1, 8)
@@ -118,7 +119,7 @@ class Settings(SectionSettings):
     history: int = Field(200, ge=0)
     """Finished jobs kept for GET /api/v1/jobs?state=finished."""
     sensor_map: dict[str, Any] | None = None
-    """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...}, read by calibration and shown by the console's hall view; None = the default node sensors."""
+    """Each node's measured sensors, {power: TEMPLATE|[names], inlet_temp: ...} (and the hall's {supply_temp: NAME}), read by calibration and shown by the console's hall view; None = the default node sensors."""
     job_stream: JobStream = JobStream()
     """The seeded demo job generator."""
     reliability: Reliability = Reliability()

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.collect_agent import self_sensors
 from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics, Rates
 from services.collect_agent.mqtt_server import MqttServer
@@ -34,6 +35,7 @@ from services.common.auth_settings import service_auth
 from services.common.cache import SensorCache
 from services.common.errors import NotFoundError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
+from services.common.net import Listener
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
 from services.common.tasks import stop_task, wait_for
@@ -49,6 +51,7 @@ class CollectAgent(HttpService):
     ) -> None:
         """``storage`` overrides the configured backend (tests wrap one to make it fail)."""
         self.settings = settings
+        self.profile = config.profile
         self.storage_settings = config.load(StorageSettings)
         self.metrics = AgentMetrics()
         self.cache = (
@@ -152,6 +155,11 @@ class CollectAgent(HttpService):
         self._tasks.append(self.watch(asyncio.create_task(self._storage_loop(), name="storage")))
         self._tasks.append(self.watch(self.ingestor.start()))
         self._tasks.append(asyncio.create_task(self._sample_rates(), name="rates"))
+        every = self_sensors.interval_s(s.self_sensors_s, self.profile)
+        if every > 0:
+            prefix = s.self_sensors_prefix or self_sensors.default_prefix()
+            own = self_sensors.run(self, prefix, every)
+            self._tasks.append(asyncio.create_task(own, name="self-sensors"))
         await self._await_scales()
         if s.mqtt_enabled:
             # Kelvin's write and admin tokens log in too, in the form this agent holds
@@ -380,3 +388,14 @@ class CollectAgent(HttpService):
 
 def create_service(config: Config) -> CollectAgent:
     return CollectAgent(config, config.load(Settings))
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    found = [Listener(s.host, s.port, "collect-agent HTTP", "--collect-agent-port")]
+    if s.mqtt_enabled:
+        found.append(
+            Listener(s.mqtt_host or s.host, s.mqtt_port, "collect-agent MQTT", "--mqtt-port")
+        )
+    return found

@@ -173,3 +173,10 @@ class Settings(SectionSettings):
     remote_write_prefix: str = "/prometheus"
     """Prometheus remote write: a series without a ``sensor`` label is stored as
     ``<remote_write_prefix>/<metric>/<label>=<value>/...`` (docs/collect-agent.md)."""
+    self_sensors_s: float | None = Field(None, ge=0)
+    """Store the agent's own rates (readings/s in and out, spool depth, rejects) as sensors
+    every this many seconds, so their history is queryable like any other (0 = off; None =
+    every 5 s under ``kelvin up``, off under ``kelvin run``, where a reading count may
+    matter to whoever counts: set it there to have them)."""
+    self_sensors_prefix: str | None = None
+    """Their names' prefix (None = ``/kelvin/collect_agent/<short hostname>``)."""

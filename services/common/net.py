@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from dataclasses import dataclass
 
 from services.common.errors import PortInUseError
 
@@ -43,3 +44,41 @@ def bind_tcp(
 
 def bound_port(sock: socket.socket) -> int:
     return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A port a service will listen on (what ``kelvin run``/``up`` checks before starting)."""
+
+    host: str
+    port: int
+    what: str
+    """e.g. ``collect agent MQTT``"""
+    flag: str | None = None
+    """The command-line flag that moves it."""
+
+
+def check_free(listeners: list[Listener]) -> None:
+    """Bind and release every listener's port; one PortInUseError naming all that are taken
+    (or claimed twice), so a user fixes them in one go, before anything starts."""
+    problems: list[str] = []
+    seen: dict[tuple[str, int], Listener] = {}
+    for li in listeners:
+        if li.port == 0:
+            continue
+        other = seen.get((li.host, li.port))
+        if other is not None:
+            hint = f"; move one with {li.flag or other.flag}" if li.flag or other.flag else ""
+            problems.append(f"{other.what} and {li.what} both want {li.host}:{li.port}{hint}")
+            continue
+        seen[(li.host, li.port)] = li
+        try:
+            bind_tcp(li.host, li.port, li.what, li.flag, backlog=1).close()
+        except PortInUseError as exc:
+            problems.append(str(exc))
+    if len(problems) == 1:
+        raise PortInUseError(problems[0])
+    if problems:
+        raise PortInUseError(
+            f"{len(problems)} ports are not available:\n  " + "\n  ".join(problems)
+        )

@@ -1,9 +1,12 @@
 """DCDB's time syntax and Kelvin's time formatting.
 
 Accepted everywhere a time is asked for (CLI, query API, calibration):
-``now``, ``now-5m`` / ``now-2h`` / ``now-1d`` / ``now-30s`` / ``now-100ms``,
-ISO 8601 (``2026-11-30T12:00:00Z``, ``2026-11-30 12:00:00.5``; naive = UTC), or an
-integer epoch whose unit (s, ms, µs, ns) is guessed from its magnitude.
+``now``, ``now-5m`` / ``now-2h`` / ``now-90d`` / ``now-90days`` / ``now-2y`` /
+``now-1h30m`` / ``now-100ms``, ISO 8601 (``2026-11-30T12:00:00Z``,
+``2026-11-30 12:00:00.5``; naive = UTC), or an integer epoch whose unit (s, ms,
+µs, ns) is guessed from its magnitude. Durations take the same units, singular
+or plural, spelt out or short; a year is 365 days (as Prometheus counts), a
+month is not a unit (its length varies: say ``30d``).
 """
 
 from __future__ import annotations
@@ -17,20 +20,35 @@ import numpy as np
 from services.common.errors import PayloadError, TimeSpecError
 from services.common.readings import Int64Array
 
+_S = 1_000_000_000
 NS_PER_UNIT = {
     "ns": 1,
     "us": 1_000,
     "µs": 1_000,
     "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "min": 60_000_000_000,
-    "h": 3_600_000_000_000,
-    "d": 86_400_000_000_000,
-    "w": 604_800_000_000_000,
+    "s": _S,
+    "m": 60 * _S,
+    "min": 60 * _S,
+    "h": 3_600 * _S,
+    "d": 86_400 * _S,
+    "w": 604_800 * _S,
+    "y": 365 * 86_400 * _S,
 }
-_RELATIVE = re.compile(r"^now\s*(?:([+-])\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|min|m|h|d|w))?$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|min|m|h|d|w)?$")
+_SPELT = {
+    "ns": ("nsec", "nanosecond", "nanoseconds"),
+    "us": ("usec", "microsecond", "microseconds"),
+    "ms": ("msec", "millisecond", "milliseconds"),
+    "s": ("sec", "secs", "second", "seconds"),
+    "min": ("mins", "minute", "minutes"),
+    "h": ("hr", "hrs", "hour", "hours"),
+    "d": ("day", "days"),
+    "w": ("wk", "wks", "week", "weeks"),
+    "y": ("yr", "yrs", "year", "years"),
+}
+_UNIT = {**{u: u for u in NS_PER_UNIT}, **{a: u for u, names in _SPELT.items() for a in names}}
+UNITS_HELP = "ns, us, ms, s, m(in), h, d(ays), w(eeks), y(ears)"
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zµ]*)")
+_RELATIVE = re.compile(r"^now\s*(?:([+-])\s*(.+))?$")
 
 
 def now_ns() -> int:
@@ -52,7 +70,7 @@ def parse_time(spec: str | int | float, now: int | None = None) -> int:
         base = now_ns() if now is None else now
         if m.group(1) is None:
             return base
-        delta = round(float(m.group(2)) * NS_PER_UNIT[m.group(3)])
+        delta = _span_ns(m.group(2), spec, default_unit=None)
         return base - delta if m.group(1) == "-" else base + delta
     if re.fullmatch(r"-?\d+(\.\d+)?", text):
         return _epoch(float(text) if "." in text else int(text))
@@ -69,7 +87,7 @@ def parse_time(spec: str | int | float, now: int | None = None) -> int:
         dt = datetime.fromisoformat(iso)
     except ValueError as exc:
         raise TimeSpecError(
-            f"time {spec!r} is not understood; expected now, now-5m, now-2h, "
+            f"time {spec!r} is not understood; expected now, now-5m, now-90d, now-2y, "
             "'YYYY-MM-DD HH:MM:SS[.f]', ISO 8601 or an integer epoch (s, ms, us or ns)"
         ) from exc
     if dt.tzinfo is None:
@@ -87,19 +105,53 @@ def _epoch(value: int | float) -> int:
 
 
 def parse_duration_ns(spec: str | int | float) -> int:
-    """``5m``, ``100ms``, ``1.5h``; a bare number is seconds."""
+    """``5m``, ``100ms``, ``1.5h``, ``90days``, ``2y``, ``1h30m``; a bare number is seconds."""
     if isinstance(spec, int | float) and not isinstance(spec, bool):
         return round(spec * 1_000_000_000)
-    m = _DURATION.match(str(spec).strip().lower())
-    if not m:
-        raise TimeSpecError(f"duration {spec!r} is not understood; expected e.g. 10s, 5m, 100ms")
-    return round(float(m.group(1)) * NS_PER_UNIT[m.group(2) or "s"])
+    return _span_ns(str(spec).strip().lower(), spec, default_unit="s")
+
+
+def _span_ns(text: str, spec: object, default_unit: str | None) -> int:
+    """``90d``, ``1h 30m``, ``2 years``: one or more number-unit parts, summed."""
+    what = "time" if default_unit is None else "duration"
+    total, pos = 0.0, 0
+    text = text.strip()
+    while pos < len(text):
+        m = _PART.match(text, pos)
+        if not m:
+            raise TimeSpecError(
+                f"{what} {spec!r} is not understood; expected e.g. now-5m, now-90d, now-2y, "
+                f"or a duration like 10s, 1h30m (units {UNITS_HELP})"
+            )
+        unit = m.group(2) or default_unit
+        if unit is None or unit not in _UNIT:
+            raise TimeSpecError(
+                f"{what} {spec!r}: unknown unit {m.group(2) or '(none)'!r}; expected {UNITS_HELP}"
+                + (
+                    " (a month is not a unit: say 30d)"
+                    if (m.group(2) or "").startswith("mo")
+                    else ""
+                )
+            )
+        total += float(m.group(1)) * NS_PER_UNIT[_UNIT[unit]]
+        pos = m.end()
+        while pos < len(text) and text[pos] in " ,":
+            pos += 1
+    if pos == 0:
+        raise TimeSpecError(f"empty {what} in {spec!r}")
+    return round(total)
 
 
 def format_iso(ts_ns: int) -> str:
     """ns epoch -> ``2026-11-30T12:00:00.123456789Z`` (full ns precision)."""
     sec, frac = divmod(int(ts_ns), 1_000_000_000)
     return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+
+
+def format_iso_short(ts_ns: int) -> str:
+    """ns epoch -> ISO 8601 for messages: ``2026-11-30T12:00:00Z``, ``...:00.25Z`` (no zeros)."""
+    text = format_iso(ts_ns)
+    return text.replace(".000000000Z", "Z") if ".000000000" in text else text[:-1].rstrip("0") + "Z"
 
 
 def format_iso_many(ts_ns: Int64Array) -> list[str]:

@@ -33,6 +33,7 @@ from services.common.auth_settings import AuthSettings
 from services.common.config import Config
 from services.common.errors import ConfigError, NotFoundError
 from services.common.mqtt_credentials import read_password
+from services.common.net import Listener
 from services.common.service import Service
 from services.pusher.api import create_router
 from services.pusher.cache import SensorCache
@@ -337,3 +338,9 @@ class PusherService(Service):
 
 def create_service(config: Config) -> PusherService:
     return PusherService(config)
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    return [Listener(s.host, s.port, "pusher HTTP", "--pusher-port")]

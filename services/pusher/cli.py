@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,19 @@ def _cmd_new(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     print(f"wrote {root}/")
-    print(f"  next: pip install -e {root}  &&  pytest {root}")
+    python = _interpreter()  # this Kelvin's, whether or not its venv is activated
+    print(f"  next: {python} -m pip install -e '{root}[test]'  &&  {python} -m pytest {root}")
     print(f"  then: pusher.plugins.{name}: {{interval: 1000}} in your Kelvin configuration")
     return 0
+
+
+def _interpreter() -> str:
+    """The running Python, as short as it can be said from here (``.venv/bin/python``)."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -14,12 +14,19 @@ description = "Kelvin pusher plugin: {name}"
 requires-python = ">=3.11"
 dependencies = ["kelvin"]
 
+[project.optional-dependencies]
+test = ["pytest>=7"]
+
 # This line is what makes the pusher find the plugin after `pip install`.
 [project.entry-points."kelvin.pusher.plugins"]
 {name} = "kelvin_plugin_{name}.plugin:{cls}Plugin"
 
 [tool.setuptools.packages.find]
 include = ["kelvin_plugin_{name}*"]
+
+# The plugin's own test settings, also when pytest runs it from elsewhere (e.g. Kelvin's tree).
+[tool.pytest.ini_options]
+testpaths = ["tests"]
 """
 
 README = """\
@@ -29,7 +36,7 @@ A pusher plugin for Kelvin. Install it next to Kelvin and name it in the
 configuration:
 
 ```bash
-pip install -e .
+pip install -e '.[test]'     # with pytest, for the plugin's own test
 pytest                       # the plugin's own test
 kelvin plugin list           # '{name}' is listed
 ```

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
 
 from fastapi import FastAPI
 
@@ -23,6 +23,7 @@ from services.common.errors import (
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
+from services.common.net import Listener
 from services.common.settings import Config
 from services.common.storage import StorageBackend, create_storage
 from services.common.storage.settings import StorageSettings
@@ -32,11 +33,13 @@ from services.query_api.context import READY, ApiContext
 from services.query_api.limits import HeavyQueryGate
 from services.query_api.routes import grafana, jobs, prometheus, readings, sensors, virtual
 from services.query_api.settings import Settings
-from services.query_api.virtual.define import VirtualIn
+from services.query_api.virtual.define import VirtualIn, differs
 from services.query_api.virtual.engine import Engine
 
 log = logging.getLogger(__name__)
 _bad_input_log = RateLimitedLog(log, 10.0)
+DEFINE_PATIENCE_S = 60.0
+"""Configured virtual sensors whose inputs are missing for longer than this are warned about."""
 
 
 def _reason(exc: KelvinError) -> str:
@@ -142,6 +145,8 @@ class QueryApiService(HttpService):
         self.storage_settings = storage_settings
         self.metrics = ServiceMetrics("query_api")
         self.ctx = ApiContext(settings, self.metrics, auth=auth)
+        self.ctx.configured_virtual = set(self.wanted_virtual)
+        self.ctx.profile = profile
         super().__init__(
             "query-api",
             create_app(settings, self.metrics, self.ctx, auth),
@@ -206,6 +211,8 @@ class QueryApiService(HttpService):
     async def _define_configured(self) -> None:
         """Define configured virtual sensors, retrying those whose inputs do not exist yet."""
         pending = dict(self.wanted_virtual)
+        started = time.monotonic()
+        delay = min(0.5, self.settings.virtual_retry_s)
         while pending:
             engine = self.ctx.virtual
             assert isinstance(engine, Engine)
@@ -213,16 +220,24 @@ class QueryApiService(HttpService):
                 try:
                     spec = VirtualIn(**body)
                     old = await self.ctx.catalog.virtual(name)
-                    if old is None or _differs(old, spec):
+                    if old is None or differs(old, spec):
                         await engine.put(name, spec)
                         log.info("virtual sensor %s defined from the configuration", name)
                     del pending[name]
                 except (KelvinError, ValueError) as exc:
-                    _bad_input_log.warning(
-                        "virtual_sensors", "virtual sensor %s not defined yet: %s", name, exc
-                    )
+                    # At start the inputs are usually still on their way (the pusher's first
+                    # readings): say so quietly, and warn only when it lasts.
+                    waited = time.monotonic() - started
+                    msg = "virtual sensor %s not defined yet (%.0f s): %s"
+                    if waited < DEFINE_PATIENCE_S:
+                        log.info(msg, name, waited, exc)
+                    else:
+                        _bad_input_log.warning("virtual_sensors", msg, name, waited, exc)
             if pending:
-                await asyncio.sleep(self.settings.virtual_retry_s)
+                # Soon at first (the inputs usually arrive within a second of the start),
+                # then every virtual_retry_s.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.virtual_retry_s)
 
     def _start_rules(self) -> None:
         s = self.settings
@@ -248,19 +263,13 @@ class QueryApiService(HttpService):
             self.storage = None
 
 
-def _differs(old: dict[str, Any], spec: VirtualIn) -> bool:
-    """Whether a stored definition differs from the configured one (then it is replaced)."""
-    if spec.interval_ms and old.get("interval_ms") != spec.interval_ms:
-        return True
-    return (
-        old.get("expression") != spec.expression
-        or old.get("declared_unit") != spec.unit
-        or old.get("max_gap_ms") != spec.max_gap_ms
-        or old.get("description", "") != spec.description
-    )
-
-
 def create_service(config: Config) -> QueryApiService:
     settings = config.load(Settings)
     auth = service_auth(config, settings.host, "query API")
     return QueryApiService(settings, config.load(StorageSettings), config.profile, auth)
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The ports ``kelvin run``/``up`` checks before anything starts."""
+    s = config.load(Settings)
+    return [Listener(s.host, s.port, "query-api HTTP", "--query-api-port")]

@@ -6,6 +6,7 @@ cache, not readings), so browsing, units and wildcards merge them in here.
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
 from dataclasses import dataclass
@@ -99,6 +100,39 @@ class Catalog:
         base = names.parent(fixed + "x") if not fixed.endswith("/") else fixed.rstrip("/") or "/"
         rx = compile_pattern(pattern)
         return [n for n in await self.sensors(base) if rx.fullmatch(n)]
+
+    async def suggest(self, name: str, limit: int = 3) -> list[str]:
+        """Sensors whose names are close to ``name``, a typo in any level ("did you mean").
+
+        Level by level from the root: the same segment where it exists, else the
+        closest few children (difflib); at most ``limit`` paths are followed, so
+        the cost is a few ``children`` lookups however large the hierarchy.
+        """
+        beam: list[tuple[float, str]] = [(1.0, "/")]
+        segments = [s for s in name.split("/") if s]
+        for depth, seg in enumerate(segments):
+            last = depth == len(segments) - 1
+            found: list[tuple[float, str]] = []
+            for score, prefix in beam:
+                kids = {
+                    e.label: e for e in await self.children(prefix) or () if e.is_sensor or not last
+                }
+                if seg in kids:
+                    found.append((score, kids[seg].name))
+                    continue
+                for label in difflib.get_close_matches(seg, list(kids), n=limit, cutoff=0.6):
+                    ratio = difflib.SequenceMatcher(None, seg, label).ratio()
+                    found.append((score * ratio, kids[label].name))
+            beam = sorted(found, reverse=True)[:limit]
+            if not beam:
+                return []
+        return [n for _, n in beam if n != name]
+
+    async def missing(self, name: str) -> str:
+        """The message for a sensor that does not exist, with the closest names."""
+        close = await self.suggest(name)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return f"sensor {name!r} does not exist{hint}"
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

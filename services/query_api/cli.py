@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import re
 import sys
@@ -78,7 +79,13 @@ def _cmd_csvimport(args: argparse.Namespace) -> int:
     """Send the file in chunks of ``--chunk-lines`` rows, each with the header."""
     total = 0
     first = 2  # the file line of the chunk's first row (line 1 is the header)
-    with client_of(args) as client, open(args.file, encoding="utf-8-sig", newline="") as fh:
+    stdin = str(args.file) == "-"
+    with (
+        client_of(args) as client,
+        contextlib.nullcontext(sys.stdin)
+        if stdin
+        else open(args.file, encoding="utf-8-sig", newline="") as fh,
+    ):
         header = fh.readline()
         if not header.strip():
             raise ConfigError(f"{args.file}: empty file; expected a CSV header line")
@@ -125,7 +132,7 @@ def register_csvimport(sub: SubParsers) -> None:
         "(Sensor,Time,Value) or one column per sensor (Time,<sensor>,...). "
         "A bad row rejects its chunk with the line number; earlier chunks stay imported.",
     )
-    c.add_argument("file", type=Path, help="CSV file")
+    c.add_argument("file", type=Path, help="CSV file ('-': standard input)")
     c.add_argument("--prefix", help="put every sensor under this prefix, e.g. /site2")
     c.add_argument(
         "--chunk-lines", type=int, default=200_000, help="rows per request (default 200000)"

@@ -14,6 +14,7 @@ from services.common import times
 from services.common.cli_util import SubParsers, subgroup
 from services.common.errors import ConfigError, TimeSpecError
 from services.query_api.cli import client_of, connection
+from services.query_api.client import ApiError
 
 
 def _ms(spec: str, what: str) -> int:
@@ -83,13 +84,22 @@ def _cmd_vdefine(args: argparse.Namespace) -> int:
         body["interval_ms"] = _ms(args.interval, "--interval")
     if args.max_gap:
         body["max_gap_ms"] = _ms(args.max_gap, "--max-gap")
+    # Redefining drops the stored results: only with --force (the server checks, atomically).
+    headers = {} if args.force or args.dry_run else {"If-None-Match": "*"}
     with client_of(args) as c:
-        defn = c.request(
-            "PUT",
-            f"/api/v1/virtual/{args.name.lstrip('/')}",
-            json=body,
-            params={"dry_run": "true"} if args.dry_run else {},
-        )
+        try:
+            defn = c.request(
+                "PUT",
+                f"/api/v1/virtual/{args.name.lstrip('/')}",
+                json=body,
+                params={"dry_run": "true"} if args.dry_run else {},
+                headers=headers,
+            )
+        except ApiError as exc:
+            if exc.status != 412:
+                raise
+            detail = str(exc).split(": HTTP 412: ", 1)[-1]
+            raise ApiError(f"{detail}; pass --force to redefine it", 412) from None
     _print_virtual(defn)
     return 0
 
@@ -194,6 +204,11 @@ def register(sub: SubParsers, groups: dict[str, Any]) -> None:
     p.add_argument("--max-gap", help="interpolate across input gaps up to this long, e.g. 30s")
     p.add_argument("--description", default="")
     p.add_argument("--dry-run", action="store_true", help="only check the definition")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="redefine an existing virtual sensor (its stored results are dropped)",
+    )
     connection(p)
     p.set_defaults(func=_cmd_vdefine)
     for name, help_, fn in (

@@ -17,7 +17,11 @@ TOKEN_ENV = "KELVIN_QUERY_API_TOKEN"
 
 
 class ApiError(KelvinError):
-    """The query API answered with an error."""
+    """The query API answered with an error (``status``: its HTTP status, 0 if unreachable)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def default_url() -> str:
@@ -57,8 +61,10 @@ class Client:
         if resp.status_code == 404:
             raise NotFoundError(str(detail))
         if resp.status_code in (401, 403):
-            raise ApiError(f"{self.url}: {detail} (pass --token or set {TOKEN_ENV})")
-        raise ApiError(f"{self.url}: HTTP {resp.status_code}: {detail}")
+            raise ApiError(
+                f"{self.url}: {detail} (pass --token or set {TOKEN_ENV})", resp.status_code
+            )
+        raise ApiError(f"{self.url}: HTTP {resp.status_code}: {detail}", resp.status_code)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         try:

@@ -78,6 +78,10 @@ class ApiContext:
         """The rule manager (services/query_api/rules), once the service started it."""
         self.readiness: tuple[bool, str] = (storage is not None, "storage not open yet")
         """What ``/readyz`` says: kept current by the service's storage watch."""
+        self.profile = "run"
+        """How Kelvin was started (``Config.profile``): ``run``, ``up`` or ``demo``."""
+        self.configured_virtual: set[str] = set()
+        """Virtual sensors the configuration defines (defined again at every start)."""
         if storage is not None:
             self.attach(storage)
 
@@ -108,17 +112,21 @@ class ApiContext:
     @property
     def storage(self) -> StorageBackend:
         if self._storage is None:
-            raise RetryableStorageError("query API: storage is not open yet")
+            raise self._no_storage()
         return self._storage
+
+    def _no_storage(self) -> RetryableStorageError:
+        """Why there is no storage yet, as ``/readyz`` says it (the console shows this)."""
+        return RetryableStorageError(f"query API: storage is not open ({self.readiness[1]})")
 
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
-            raise RetryableStorageError("query API: storage is not open yet")
+            raise self._no_storage()
         return self._catalog
 
     @property
     def reader(self) -> Reader:
         if self._reader is None:
-            raise RetryableStorageError("query API: storage is not open yet")
+            raise self._no_storage()
         return self._reader

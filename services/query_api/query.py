@@ -14,6 +14,7 @@ import numpy as np
 from services.common.errors import KelvinError, NotFoundError
 from services.common.readings import Float64Array, Int64Array, Series
 from services.common.storage.base import StorageBackend
+from services.common.times import format_iso_short
 from services.query_api import limits, operations, units
 from services.query_api.catalog import Catalog
 from services.query_api.spec import TRANSFORMS, Modifier, Spec
@@ -21,6 +22,14 @@ from services.query_api.spec import TRANSFORMS, Modifier, Spec
 
 class QueryError(KelvinError, ValueError):
     """A query that cannot be answered as asked (bad interval, too many points)."""
+
+
+def check_range(start_ns: int, end_ns: int) -> None:
+    """QueryError, naming both times in ISO 8601, unless start is before end."""
+    if end_ns <= start_ns:
+        raise QueryError(
+            f"empty time range: start {format_iso_short(start_ns)} is not before end {format_iso_short(end_ns)}"
+        )
 
 
 class VirtualSource(Protocol):
@@ -75,7 +84,7 @@ class Reader:
                 raise NotFoundError(f"no sensor matches {spec.sensor!r}")
             return found
         if not await self.catalog.exists(spec.sensor):
-            raise NotFoundError(f"sensor {spec.sensor!r} does not exist")
+            raise NotFoundError(await self.catalog.missing(spec.sensor))
         return [spec.sensor]
 
     async def run(
@@ -87,8 +96,7 @@ class Reader:
         bucket: str = "avg",
     ) -> list[Result]:
         """Answer a specification for every sensor it names."""
-        if end_ns <= start_ns:
-            raise QueryError(f"empty time range: start {start_ns} is not before end {end_ns}")
+        check_range(start_ns, end_ns)
         if interval_ns is not None and interval_ns <= 0:
             raise QueryError(f"interval must be positive, got {interval_ns} ns")
         out = []

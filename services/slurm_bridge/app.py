@@ -11,6 +11,7 @@ from services.common.auth import Credentials, Role
 from services.common.auth_settings import ServiceAuth, service_auth
 from services.common.errors import PortInUseError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
+from services.common.net import Listener
 from services.common.settings import Config
 from services.common.tasks import stop_task
 from services.slurm_bridge import api
@@ -135,3 +136,10 @@ class SlurmBridgeService(HttpService):
 def create_service(config: Config) -> SlurmBridgeService:
     settings = config.load(Settings)
     return SlurmBridgeService(settings, service_auth(config, settings.host, "slurm-bridge"))
+
+
+def listeners(config: Config) -> list[Listener]:
+    """The TCP ports ``kelvin run``/``up`` checks before anything starts (the UDP wake-up
+    port is checked when it is bound)."""
+    s = config.load(Settings)
+    return [Listener(s.host, s.port, "slurm-bridge HTTP", "--slurm-bridge-port")]

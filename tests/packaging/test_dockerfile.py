@@ -77,7 +77,8 @@ def test_oci_labels() -> None:
     )
     for key in ("title", "description", "version", "revision", "created", "licenses", "source"):
         assert labels.get(f"org.opencontainers.image.{key}"), f"label {key} missing"
-    assert labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]["text"]
+    licence = PYPROJECT["project"]["license"]  # an SPDX expression (PEP 639), as setuptools wants
+    assert labels["org.opencontainers.image.licenses"] == licence
     version_arg = next(i for i in _runtime().all("ARG") if i.args.startswith("VERSION="))
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,25 @@ from services.cli import main
 def test_new_plugin_passes_its_own_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugin", "new", "pdu_meter", "--dir", str(tmp_path)]) == 0
     root = tmp_path / "kelvin-plugin-pdu-meter"
-    assert "wrote" in capsys.readouterr().out
+    out = capsys.readouterr().out
     assert (root / "kelvin_plugin_pdu_meter" / "plugin.py").is_file()
+    # The next step names this Kelvin's interpreter (no activated venv needed) and installs
+    # pytest with the plugin: `make up`'s venv has none.
+    python = Path(sys.executable)
+    shown = (
+        str(python.relative_to(Path.cwd())) if python.is_relative_to(Path.cwd()) else str(python)
+    )
+    assert f"next: {shown} -m pip install -e '{root}[test]'  &&  {shown} -m pytest {root}" in out
+    doc = tomllib.loads((root / "pyproject.toml").read_text())
+    assert any(d.startswith("pytest") for d in doc["project"]["optional-dependencies"]["test"])
+    # Run as printed, from Kelvin's own tree: the plugin's settings apply, not Kelvin's.
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root)],
-        cwd=root, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(root)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 passed" in r.stdout
+    assert f"rootdir: {root}" in r.stdout and "configfile: pyproject.toml" in r.stdout
 
 
 def test_pip_installed_plugin_is_found_through_its_entry_point(tmp_path: Path) -> None:

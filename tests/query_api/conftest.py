@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +12,13 @@ import httpx
 import numpy as np
 import pytest
 
+from services.common.auth import Role
 from services.common.readings import Batch
 from services.common.sensors import SensorMetadata
 from services.common.settings import Config
 from services.common.storage.base import StorageBackend
 from services.query_api.app import QueryApiService, create_service
-from tests.support.auth import headers, with_auth
+from tests.support.auth import TOKENS, headers, with_auth
 
 T0 = 1_780_000_000 * 10**9
 """A round epoch (2026-05-28T20:26:40Z) the tests place readings at."""
@@ -102,3 +104,25 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
             yield Api(svc, c)
     finally:
         await svc.stop()
+
+
+@pytest.fixture
+def kelvin(api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run ``kelvin ARGS`` in a thread against ``api``; returns (exit code, stdout, stderr).
+    A usage error (argparse's SystemExit) is its exit code; a traceback fails the test."""
+    monkeypatch.setenv("KELVIN_QUERY_API_URL", api.url)
+    monkeypatch.setenv("KELVIN_QUERY_API_TOKEN", TOKENS[Role.ADMIN])
+
+    async def run(*args: str) -> tuple[int, str, str]:
+        from services.cli import main
+
+        capsys.readouterr()
+        try:
+            rc = await asyncio.to_thread(main, list(args))
+        except SystemExit as exc:
+            rc = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return rc, out, err
+
+    return run

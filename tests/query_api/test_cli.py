@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from services.cli import main
 from services.common.auth import Role
 from tests.query_api.conftest import T0, Api, S
 from tests.support.auth import TOKENS
@@ -24,21 +22,6 @@ async def kelvin_process(api: Api, *args: str) -> subprocess.CompletedProcess[by
         env={"KELVIN_QUERY_API_URL": api.url, "KELVIN_QUERY_API_TOKEN": TOKENS[Role.ADMIN],
              "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
-
-
-@pytest.fixture
-def kelvin(api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
-    """Run ``kelvin ARGS`` in a thread against ``api``; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("KELVIN_QUERY_API_URL", api.url)
-    monkeypatch.setenv("KELVIN_QUERY_API_TOKEN", TOKENS[Role.ADMIN])
-
-    async def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        rc = await asyncio.to_thread(main, list(args))
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return run
 
 
 async def test_query_prints_csv(api: Api) -> None:

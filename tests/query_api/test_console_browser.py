@@ -4,12 +4,17 @@ One ``kelvin up --demo`` (subprocess, free ports, temp data dir) for the module:
 the pusher's ``datacenter`` plugin simulates the hall, the allocator places a
 seeded job stream, everything lands in SQLite and is read back through the
 query API the console talks to. Every test fails on a console error, an
-uncaught page error, a failed request or an HTTP error answer. Screenshots go
-to ``test-artifacts/console-*.png``.
+uncaught page error, a failed request or an HTTP error answer. The demo's CRAC
+is kept warm (``supply_min_c``) so that nodes at the aisle ends are over the
+redline whatever the jobs do: the over-redline marking is always on screen.
+Two more query APIs show the degraded states: one whose storage is down, one
+whose allocator is. Screenshots of every view at 1440x900 and 1024x700 go to
+``test-artifacts/console-*.png``.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -42,8 +47,14 @@ CHROMIUM_ARGS = [
 FAST_DEMO = """
 allocator:
   job_stream: {mean_interval_s: 1.5, runtime_s: [4.0, 12.0], sizes: [2, 8]}
+pusher:
+  plugins:
+    datacenter: {supply_min_c: 22.0, ledger_interval_ms: 1000}
+    procfs: {}
 """
-"""A busier job stream than the default so that the hall shows jobs within seconds."""
+"""A busier job stream than the default so that the hall shows jobs within seconds, and a CRAC
+that cannot go below 22 °C: the idle nodes at the aisle ends (8.7 K of recirculation) are over
+the 30 °C redline."""
 INLET = "/hall/row0/rack0/node0/inlet_temp"
 SHOWN_JS = """() => ({
     busy: [...document.querySelectorAll('svg .node')].filter(e => e.dataset.busy === 'true')
@@ -51,13 +62,18 @@ SHOWN_JS = """() => ({
     outlined: [...document.querySelectorAll('svg .job-outline')].map(e => e.dataset.job),
 })"""
 """What the floor plan shows: busy nodes with their job, and the jobs outlined."""
-SUPPLY_AND_SCALE_JS = """() => {
-    const dts = [...document.querySelectorAll('#hall-totals dt')];
-    const value = (k) => parseFloat(dts.find(d => d.textContent === k)?.nextElementSibling.textContent);
-    const base = value('Supply air'), raised = value('Supply air, raised');
-    return raised < base ? [base, document.querySelector('#hall-legend .ends span').textContent] : null;
+OVER_JS = """() => {
+    const over = [...document.querySelectorAll('svg .node.over-redline')];
+    return {
+        count: Number(document.getElementById('hall-plan').dataset.overCount),
+        marked: over.length,
+        hatched: over.filter(g => g.querySelector('rect.over').getAttribute('visibility') === 'visible').length,
+        labels: over.map(g => g.querySelector('text').textContent),
+        fills: over.map(g => g.querySelector('rect.cell').getAttribute('fill')),
+        summary: [...document.querySelectorAll('#hall-summary .item')].map(i => i.textContent),
+    };
 }"""
-"""Once the shown raised supply is below the supply: the supply and the colour scale's low end."""
+"""The over-redline marking as drawn: marked nodes, their stripes, labels, fills, the count."""
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +200,11 @@ def test_pick_a_sensor_in_the_tree_and_see_the_chart_draw(
     ).json()["unit"]
     legend = pg.locator(".u-legend").inner_text()
     assert f"{INLET} [{unit}]" in legend
+    # Hover: the time to the second, and to the millisecond (readings are 250 ms apart).
+    box = pg.locator("#chart .u-over").bounding_box()
+    pg.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2)
+    hover = pg.locator(".u-legend .u-series").first.locator(".u-value").inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", hover), hover
     # A shorter range (kept in the address bar) redraws the same readings wider.
     pg.select_option("#range", "60")
     pg.wait_for_function("() => location.hash.endsWith('r=60')")
@@ -241,31 +262,82 @@ def test_hall_view_shows_the_allocators_busy_nodes(
         ".every(t => t.textContent.endsWith('°C'))"
     )
     totals = pg.locator("#hall-totals").inner_text()
-    for label in ("Peak inlet", "Supply air", "CoP", "Computing", "Cooling"):
+    for label in ("Peak inlet", "Supply air (CRAC)", "CoP", "Computing", "Cooling", "PUE"):
         assert label in totals
-    pg.screenshot(path=str(artifacts_dir / "console-hall.png"))
-    # Keyboard: focus a node, arrows move, the detail panel follows.
+    # The supply the model needs says what it is, and which way it moved from the design.
+    assert "Supply to keep the redline" in totals
+    note = pg.locator("#hall-totals dd.note").first.inner_text()
+    assert re.match(r"^[↑↓] [0-9.]+ °C (above|below) the design 15\.0 °C", note), note
+    # Over the redline: the CRAC cannot go below 22 °C, so the aisle-end nodes are over it,
+    # striped, marked and counted, and coloured from the scale above the redline.
+    over = pg.wait_for_function(f"() => ({OVER_JS})().marked > 0 && ({OVER_JS})()").json_value()
+    assert over["marked"] == over["hatched"] == over["count"]
+    assert all(
+        label.startswith("▲ ") and float(label[2:].split()[0]) > 30 for label in over["labels"]
+    )
+    for fill in over["fills"]:  # the red-to-purple family: no green to speak of
+        r, g = int(fill[1:3], 16), int(fill[3:5], 16)
+        assert g < 60 and r > g, fill
+    n = over["count"]
+    assert f"Over the redline{n} node" in "".join(over["summary"])
+    # The scale is fixed and anchored on the redline, whatever the hottest node.
+    legend = pg.locator("#hall-legend").inner_text()
+    assert "redline 30.0 °C" in legend and "15.0 °C" in legend and "35.0+" in legend
+    shoot(pg, artifacts_dir, "hall")
+    # Keyboard: focus a node, arrows move, the detail panel follows; the focus frame is the
+    # dashed black-and-white one, not a job's coloured outline.
     first = pg.locator("svg .node[tabindex='0']")
     first.focus()
     pg.keyboard.press("ArrowRight")
     assert "rack 1" in pg.locator("#hall-node").inner_text()
+    ring = pg.evaluate(
+        """() => [...document.querySelectorAll('svg .focus-ring.shown rect')]
+        .map(r => [getComputedStyle(r).stroke, getComputedStyle(r).strokeDasharray])"""
+    )
+    assert ring == [["rgb(0, 0, 0)", "none"], ["rgb(255, 255, 255)", "5px, 4px"]], ring
     pg.locator("input[name=hall-colour][value=predicted]").check()
     pg.wait_for_function(
         "() => document.querySelector('#hall-legend').textContent.includes('predicted')"
     )
-    # The scale starts at the CRAC supply the inlets are computed at, also while the peak is
-    # past the redline and the raised supply below it; nodes whose row of D is zero (8, 9,
-    # 28, 29 in the reference hall) sit exactly at that supply. Totals and legend of one paint:
-    base, low = pg.wait_for_function(SUPPLY_AND_SCALE_JS).json_value()
-    assert low == f"{base:.1f} °C"
     pg.screenshot(path=str(artifacts_dir / "console-hall-predicted.png"))
-    # The model's error per node: measured minus predicted, signed.
+    # The model's error per node: measured minus predicted rise over the supply, signed.
     pg.locator("input[name=hall-colour][value=error]").check()
     pg.wait_for_function(
         "() => [...document.querySelectorAll('svg .node text:first-of-type')]"
         ".every(t => /^[+−±][0-9.]+ °C$/.test(t.textContent))"
     )
+    assert "rise over the supply" in pg.locator("#hall-legend").inner_text()
     pg.screenshot(path=str(artifacts_dir / "console-hall-difference.png"))
+    # The simulated hall's books: the policy running now, with its energy so far.
+    row = pg.locator("#hall-policies tr[data-policy=joint]")
+    expect(row).to_be_visible(timeout=30_000)
+    assert "(now)" in row.inner_text() and "kWh" in row.inner_text()
+    assert problems.items == []
+
+
+def shoot(pg: Any, artifacts_dir: Path, name: str) -> None:
+    """The page at 1440x900 and at 1024x700 (a laptop): test-artifacts/console-NAME-WxH.png."""
+    size = pg.viewport_size
+    for w, h in ((1440, 900), (1024, 700)):
+        pg.set_viewport_size({"width": w, "height": h})
+        pg.wait_for_timeout(300)  # the layout settles (a resize redraws the chart)
+        pg.screenshot(path=str(artifacts_dir / f"console-{name}-{w}x{h}.png"))
+    pg.set_viewport_size(size)
+
+
+def test_the_hall_totals_stay_in_view_on_a_laptop_screen(
+    page: tuple[Any, Problems], demo: KelvinUp
+) -> None:
+    pg, problems = page
+    pg.set_viewport_size({"width": 1024, "height": 700})
+    pg.goto(f"{demo.console_url}#/hall")
+    pg.wait_for_function("() => Number(document.getElementById('hall-plan').dataset.renders) >= 1")
+    for sel in ("#hall-summary", "#hall-totals dt.section", "#hall-plan svg"):
+        box = pg.locator(sel).first.bounding_box()
+        assert box is not None and box["y"] + 20 < 700 and box["x"] + 20 < 1024, (sel, box)
+    # The peak inlet, the count over the redline and the cooling: above the fold, unscrolled.
+    summary = pg.locator("#hall-summary").bounding_box()
+    assert summary["y"] + summary["height"] <= 700
     assert problems.items == []
 
 
@@ -303,7 +375,46 @@ def test_define_and_chart_a_virtual_sensor(
     pg.wait_for_function("() => location.hash.startsWith('#/charts')")
     pg.wait_for_function("() => Number(document.getElementById('chart').dataset.points) >= 2")
     assert "/demo/it_power [kW]" in pg.locator(".u-legend").inner_text()
-    pg.screenshot(path=str(artifacts_dir / "console-virtual.png"))
+    # kW and W on one axis, in kW; the dimensionless PUE on its own, named for what it is.
+    deadline = time.monotonic() + 30  # /hall/pue is defined once its inputs exist
+    while "/hall/pue" not in httpx.get(f"{demo.url('query_api')}/api/v1/virtual", timeout=10).text:
+        assert time.monotonic() < deadline, "the demo never defined /hall/pue"
+        time.sleep(0.5)
+    pg.goto(
+        f"{demo.console_url}#/charts?s=%2Fdemo%2Fit_power&s=%2Fhall%2Fpower&s=%2Fhall%2Fpue&r=60"
+    )
+    pg.wait_for_function(
+        "() => JSON.parse(document.getElementById('chart').dataset.axes || '[]').length === 2"
+    )
+    axes = pg.evaluate("JSON.parse(document.getElementById('chart').dataset.axes)")
+    assert axes[0] == {"label": "power [kW]", "colour": None, "series": 2}, axes
+    assert axes[1]["label"] == "pue" and axes[1]["series"] == 1 and axes[1]["colour"], axes
+    pg.wait_for_function(
+        "() => JSON.parse(document.getElementById('chart').dataset.ticks || '[[]]')[0].length > 1"
+    )
+    ticks = pg.evaluate("JSON.parse(document.getElementById('chart').dataset.ticks)")[0]
+    assert max(float(t) for t in ticks) < 1000, f"the power axis counts kW, not W: {ticks}"
+    shoot(pg, artifacts_dir, "charts")
+    # Redefining asks first: declined, nothing changes; accepted, the new definition is live.
+    pg.goto(f"{demo.console_url}#/virtual")
+    row.get_by_role("button", name="Edit /demo/it_power").click()
+    form.locator("textarea[name=expression]").fill('sum("/hall/*/*/*/power") / 2')
+    asked: list[str] = []
+    pg.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    form.locator("button[type=submit]").click()
+    pg.wait_for_function(
+        "() => document.getElementById('virtual-message').textContent.startsWith('Not saved')"
+    )
+    assert asked and "exists" in asked[0] and "dropped" in asked[0]
+    assert "/ 2" not in httpx.get(f"{demo.url('query_api')}/api/v1/virtual/demo/it_power").text
+    pg.once("dialog", lambda d: d.accept())
+    form.locator("button[type=submit]").click()
+    pg.wait_for_function(
+        "() => document.getElementById('virtual-message').textContent.startsWith('Saved')"
+    )
+    stored = httpx.get(f"{demo.url('query_api')}/api/v1/virtual/demo/it_power").json()
+    assert stored["expression"] == 'sum("/hall/*/*/*/power") / 2'
+    shoot(pg, artifacts_dir, "virtual")
     assert problems.items == []
 
 
@@ -320,7 +431,9 @@ def test_ingest_health_shows_live_rates(
     rates = pg.get_by_role("img", name="Readings received and written per second")
     expect(rates.locator("canvas")).to_have_count(1)
     assert "ok" in (pg.locator("#ingest-badge").get_attribute("class") or "")
-    pg.screenshot(path=str(artifacts_dir / "console-ingest.png"))
+    # The history comes from the agent's own sensors in storage (it survives a reload).
+    expect(pg.locator("#ingest-history")).to_contain_text("From storage: 1 collect agent")
+    shoot(pg, artifacts_dir, "ingest")
     assert problems.items == []
 
 
@@ -342,7 +455,7 @@ def test_alerts_view_lists_the_demo_rules_alerts(
     else:
         expect(pg.locator("#alerts-empty")).to_be_visible()
     assert "firing" in pg.locator("#alerts-badge").inner_text()
-    pg.screenshot(path=str(artifacts_dir / "console-alerts.png"))
+    shoot(pg, artifacts_dir, "alerts")
     assert problems.items == []
 
 
@@ -367,3 +480,112 @@ def test_an_insecure_query_api_shows_the_banner(browser: Any, tmp_path: Path) ->
     text = out.decode()
     assert "auth.mode is 'none'" in text, text  # the start-up warning
     assert "auth           OFF" in text, text
+
+
+@pytest.fixture(scope="module")
+def degraded(demo: KelvinUp, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two more query APIs: one whose storage (an InfluxDB) and collect agent do not answer (its
+    allocator is the demo's), one with its own SQLite whose allocator does not answer."""
+    dead = [free_port() for _ in range(3)]
+    configs = {
+        "storage_down": f"""
+storage: {{backend: influxdb, influxdb: {{url: "http://127.0.0.1:{dead[0]}", retries: 0, timeout_s: 1}}}}
+query_api: {{allocator_url: "{demo.url("allocator")}", collect_agent_url: "http://127.0.0.1:{dead[1]}"}}
+""",
+        "allocator_down": f"""
+query_api: {{allocator_url: "http://127.0.0.1:{dead[2]}", collect_agent_url: "{demo.url("collect_agent")}"}}
+""",
+    }
+    procs, urls = [], {}
+    try:
+        for name, text in configs.items():
+            d = tmp_path_factory.mktemp(name)
+            (d / "kelvin.yaml").write_text(text)
+            port = free_port()
+            cmd = [sys.executable, "-m", "services.cli", "run", "query-api", "--host", "127.0.0.1"]
+            cmd += [
+                "--config",
+                str(d / "kelvin.yaml"),
+                "--data-dir",
+                str(d),
+                "--query-api-port",
+                str(port),
+            ]
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=d
+            )
+            procs.append(proc)
+            wait_port(port, timeout=30, proc=proc)
+            urls[name] = f"http://127.0.0.1:{port}/"
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _degraded_page(browser: Any) -> tuple[Any, Any, list[str]]:
+    """A page that may see failed requests (that is the point) but no script error."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = ctx.new_page()
+    pg.set_default_timeout(20_000)
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    return ctx, pg, errors
+
+
+def test_every_view_says_that_storage_is_down(
+    browser: Any, degraded: dict[str, str], artifacts_dir: Path
+) -> None:
+    ctx, pg, errors = _degraded_page(browser)
+    try:
+        base = degraded["storage_down"]
+        pg.goto(f"{base}#/charts?s=%2Fhall%2Fpower&r=60")
+        banner = pg.locator("#storage-banner")
+        expect(banner).to_contain_text("Storage unreachable")
+        expect(banner).to_contain_text("storage not reachable")
+        expect(pg.locator("#chart-problem")).to_contain_text("storage is unreachable")
+        expect(pg.locator("#tree-status")).to_contain_text("Cannot list sensors")
+        shoot(pg, artifacts_dir, "degraded-storage-charts")
+        pg.goto(f"{base}#/virtual")
+        expect(pg.locator("#virtual-problem")).to_contain_text(
+            "Cannot list virtual sensors: storage is unreachable"
+        )
+        pg.goto(f"{base}#/ingest")
+        expect(pg.locator("#ingest-problem")).to_contain_text("Collect agent unreachable")
+        expect(pg.locator("#ingest-problem")).to_contain_text("is unreachable")
+        shoot(pg, artifacts_dir, "degraded-storage-ingest")
+        pg.goto(f"{base}#/alerts")
+        expect(pg.locator("#alerts-status")).to_contain_text("rules")  # rules load; alerts say why
+        # The allocator answers with the reference hall, but this is no demo: no made-up hall,
+        # unless asked for; then the plan, and why it has no measurements.
+        pg.goto(f"{base}#/hall")
+        none = pg.locator("#hall-none")
+        expect(none).to_contain_text("No hall is configured")
+        expect(pg.locator("#hall-plan svg")).to_have_count(0)
+        none.get_by_role("button").click()
+        expect(pg.locator("#hall-problem")).to_contain_text(
+            "Measured temperatures unavailable: storage is unreachable"
+        )
+        expect(pg.locator("#hall-plan svg .node")).to_have_count(40)
+        shoot(pg, artifacts_dir, "degraded-storage-hall")
+    finally:
+        ctx.close()
+    assert errors == []
+
+
+def test_the_hall_says_that_the_allocator_is_down(
+    browser: Any, degraded: dict[str, str], artifacts_dir: Path
+) -> None:
+    ctx, pg, errors = _degraded_page(browser)
+    try:
+        pg.goto(f"{degraded['allocator_down']}#/hall")
+        problem = pg.locator("#hall-problem")
+        expect(problem).to_contain_text("Allocator unreachable")
+        expect(problem).to_contain_text("There is no floor plan to show")
+        expect(pg.locator("#hall-status")).to_contain_text("allocator unreachable")
+        expect(pg.locator("#storage-banner")).to_be_hidden()
+        shoot(pg, artifacts_dir, "degraded-allocator-hall")
+    finally:
+        ctx.close()
+    assert errors == []

@@ -1,11 +1,14 @@
 """``kelvin config db stats|truncate|retention``: storage maintenance for operators.
 
 Each command opens the configured backend directly (``--config``, the
-``storage`` section, ``KELVIN_STORAGE_*`` variables), so it works while Kelvin
-runs (SQLite allows the extra writer; InfluxDB does not care) and while it is
-stopped. DCDB's ``dcdbconfig db fuzzytrunc`` is ``truncate``.
+``storage`` section, ``KELVIN_STORAGE_*`` variables, or ``--data-dir`` as
+given to ``kelvin up``), so it works while Kelvin runs (SQLite allows the
+extra writer; InfluxDB does not care) and while it is stopped. A SQLite file
+that does not exist yet is reported (the command then sees an empty
+database: Kelvin's data is elsewhere). DCDB's ``dcdbconfig db fuzzytrunc``
+is ``truncate``.
 
-    kelvin config db stats
+    kelvin config db stats --data-dir /var/lib/kelvin
     kelvin config db truncate --before now-90d --prefix /dc/row3 --yes
     kelvin config db retention          # apply every sensor's ttl now
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,13 +29,39 @@ from services.common.errors import ConfigError, SensorNameError, TimeSpecError
 from services.common.settings import Config
 from services.common.storage import StorageBackend, open_storage
 from services.common.storage.settings import StorageSettings
-from services.common.times import format_iso, parse_time
+from services.common.times import format_iso_short, parse_time
 
 T = TypeVar("T")
+DB_FILE = "kelvin.sqlite"
+"""The SQLite file under a data directory (as ``kelvin up --data-dir`` lays it out)."""
+
+
+def _settings(args: argparse.Namespace) -> StorageSettings:
+    """The storage of ``--config`` (and the environment), at ``--data-dir`` when given."""
+    cfg = Config(args.config)
+    if args.data_dir is not None:
+        sqlite = {**cfg.section("storage").get("sqlite", {}), "path": str(args.data_dir / DB_FILE)}
+        cfg.set("storage", "sqlite", sqlite, "--data-dir")
+    return cfg.load(StorageSettings)
+
+
+def _warn_if_new(settings: StorageSettings) -> None:
+    """Say so before SQLite creates an empty database where the user expected theirs."""
+    if settings.backend != "sqlite" or settings.sqlite.path.exists():
+        return
+    where = settings.sqlite.path
+    print(
+        f"kelvin: warning: no database at {where.resolve() if not where.is_absolute() else where}"
+        "; this opens a new, empty one. Kelvin keeps its data where `kelvin up --data-dir DIR` "
+        "(default ./data) or the configuration's storage.sqlite.path put it: pass the same "
+        "--data-dir or --config.",
+        file=sys.stderr,
+    )
 
 
 def _run(args: argparse.Namespace, work: Callable[[StorageBackend], Awaitable[T]]) -> T:
-    settings = Config(args.config).load(StorageSettings)
+    settings = _settings(args)
+    _warn_if_new(settings)
 
     async def main() -> T:
         backend = await open_storage(settings)
@@ -92,18 +122,18 @@ def _cmd_truncate(args: argparse.Namespace) -> int:
     where = "every sensor" if prefix == "/" else f"sensors under {prefix}"
     if not args.yes:
         raise ConfigError(
-            f"truncate deletes the readings of {where} older than {format_iso(before)}; "
+            f"truncate deletes the readings of {where} older than {format_iso_short(before)}; "
             "add --yes to confirm"
         )
     removed = _run(args, lambda b: b.truncate_before(before, prefix))
-    print(f"deleted {_removed(removed)} of {where} older than {format_iso(before)}")
+    print(f"deleted {_removed(removed)} of {where} older than {format_iso_short(before)}")
     return 0
 
 
 def _cmd_retention(args: argparse.Namespace) -> int:
     now = _time(args.now, "--now")
     removed = _run(args, lambda b: b.apply_retention(now))
-    print(f"applied sensor ttls at {format_iso(now)}: deleted {_removed(removed)}")
+    print(f"applied sensor ttls at {format_iso_short(now)}: deleted {_removed(removed)}")
     return 0
 
 
@@ -120,6 +150,13 @@ def register(sub: SubParsers, groups: dict[str, Any]) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", metavar="FILE", type=Path, help="YAML configuration file")
+        p.add_argument(
+            "--data-dir",
+            metavar="DIR",
+            type=Path,
+            help=f"the data directory given to `kelvin up` (its {DB_FILE}); default: the "
+            "configuration's storage",
+        )
 
     p = cmds.add_parser("stats", help="sizes and counts of the configured storage")
     common(p)

@@ -10,17 +10,23 @@ placed``) stay idle. What a
 node draws at the sampled instant comes from
 :mod:`services.pusher.plugins.datacenter_load`: busy nodes alternate compute
 (3500 W) and communication (2700 W) phases whose time average is the
-allocator's figure, and every node's utilisation jitters. The inlet
-temperatures follow from the hall's thermal model
-(:mod:`services.common.thermal`, ``Tin = Tsup + D·P``, steady state: no
-thermal lag), sensor noise is added and the plugin publishes:
+allocator's figure, and every node's utilisation jitters. The hall answers
+through :mod:`services.common.hall_physics`: each node's heat output follows
+its power with the hall's thermal lag (``time_constant_s``), the inlets are
+``Tsup + D·Q`` (:mod:`services.common.thermal`), and a CRAC moves its supply
+temperature at a bounded rate to keep the hottest inlet ``margin_c`` under
+the redline. Sensor noise is added and the plugin publishes:
 
-* ``/hall/row<r>/rack<k>/node<s>/power`` (W) and ``.../inlet_temp`` (°C) per node,
-  the names :func:`services.common.thermal.node_sensor` defines (the allocator's
-  calibration reads them);
-* ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the model's CRAC
-  power at the raised supply temperature) and ``/hall/supply_temp`` (°C, the
-  supply the inlet temperatures are computed with) with ``totals: true``.
+* ``/hall/row<r>/rack<k>/node<s>/power`` (W), ``.../inlet_temp`` and
+  ``.../outlet_temp`` (°C) per node, the names
+  :func:`services.common.thermal.node_sensor` defines (the allocator's
+  calibration reads power and inlet);
+* ``/hall/power`` (W, all nodes), ``/hall/cooling_power`` (W, the CRAC's
+  power: the heat the air carries back over the CoP at the supply) and
+  ``/hall/supply_temp`` (°C, the CRAC's supply air) with ``totals: true``;
+* ``/hall/policy/<policy>/...`` every 5 s with ``ledger: true``: what the
+  hall drew and spent under each placement policy
+  (:mod:`services.pusher.plugins.datacenter_ledger`).
 
 The hall is the reference hall or a hall file (``hall_file``), i.e. the "true"
 physics; the allocator may hold a calibrated model of it. When the allocator
@@ -39,10 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from services.common.errors import ConfigError, KelvinError
+from services.common.hall_physics import HallPhysics, Physics
 from services.common.logs import RateLimitedLog
 from services.common.readings import Float64Array
 from services.common.schema import Field
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
+from services.pusher.plugins import datacenter_ledger as ledger
 from services.pusher.plugins.base import (
     Group,
     GroupOptions,
@@ -87,6 +95,44 @@ class DatacenterConfig(PluginConfig):
     seed: int | None = None
     """Noise seed (None = a fresh one per start)."""
     totals: bool = True
+    outlets: bool = True
+    """Also publish every node's outlet temperature."""
+    ledger: bool = True
+    """Book IT and cooling energy and time over the redline per placement policy, kept in
+    the pusher's state directory (``/hall/policy/<policy>/...``, every ``ledger_interval_ms``)."""
+    ledger_interval_ms: int = Field(5000, ge=250)
+    """How often the per-policy totals are published and saved (ms)."""
+    time_constant_s: float = Field(Physics.time_constant_s, ge=0)
+    """Thermal lag: a node's heat output follows its power with this time constant (s; 0 = none)."""
+    supply_min_c: float = Physics.supply_min_c
+    """The CRAC's lowest supply temperature (°C)."""
+    supply_max_c: float = Physics.supply_max_c
+    """The CRAC's highest supply temperature (°C)."""
+    supply_rate_c_per_min: float = Field(Physics.supply_rate_c_per_s * 60, gt=0)
+    """Fastest change of the CRAC's supply temperature (°C per minute)."""
+    margin_c: float = Field(Physics.margin_c, ge=0)
+    """The CRAC aims the hottest inlet this far under the hall's redline (°C)."""
+
+    def load(self, hall: Hall) -> LoadSettings:
+        """How the hall's nodes draw power around the allocator's averages."""
+        return LoadSettings(
+            compute_w=hall.busy_power_w,
+            comm_w=self.comm_power_w,
+            idle_w=hall.idle_power_w,
+            phases=self.phases,
+            phase_period_s=self.phase_period_s,
+            busy_jitter=self.busy_jitter,
+            idle_jitter=self.idle_jitter,
+        )
+
+    def physics(self) -> Physics:
+        return Physics(
+            time_constant_s=self.time_constant_s,
+            supply_min_c=self.supply_min_c,
+            supply_max_c=self.supply_max_c,
+            supply_rate_c_per_s=self.supply_rate_c_per_min / 60,
+            margin_c=self.margin_c,
+        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +144,8 @@ class Placement:
     present: npt.NDArray[np.bool_]
     busy: npt.NDArray[np.bool_]
     jobs: list[str | None]
+    policy: str | None = None
+    """The allocator's placement policy."""
 
     @classmethod
     def idle(cls, hall: Hall) -> Placement:
@@ -139,7 +187,14 @@ def parse_placement(hall: Hall, doc: Any) -> Placement:
         except (KeyError, TypeError, ValueError) as exc:
             raise KelvinError(f"allocator hall document: bad node entry {node!r}") from exc
     powers = np.where(np.isnan(power), hall.powers_w(busy), power)
-    return Placement(np.where(present, powers, 0.0), present, busy & present, jobs)
+    policy = doc.get("policy")
+    return Placement(
+        np.where(present, powers, 0.0),
+        present,
+        busy & present,
+        jobs,
+        policy if isinstance(policy, str) else None,
+    )
 
 
 class HallGroup(Group):
@@ -205,18 +260,11 @@ class DatacenterPlugin(Plugin):
         )
         self.rng = np.random.default_rng(cfg.seed)
         self.placement = Placement.idle(hall)
-        self.load = NodeLoad(
-            LoadSettings(
-                compute_w=hall.busy_power_w,
-                comm_w=cfg.comm_power_w,
-                idle_w=hall.idle_power_w,
-                phases=cfg.phases,
-                phase_period_s=cfg.phase_period_s,
-                busy_jitter=cfg.busy_jitter,
-                idle_jitter=cfg.idle_jitter,
-            ),
-            self.rng,
-        )
+        try:
+            self.physics = HallPhysics(hall, cfg.physics())
+        except ValueError as exc:
+            raise ConfigError(f"datacenter plugin {self.context.instance!r}: {exc}") from exc
+        self.load = NodeLoad(cfg.load(hall), self.rng)
         prefix = cfg.prefix or HALL_SENSOR_PREFIX
         sopts = self.sensor_options(opts)
         sensors = [
@@ -227,31 +275,55 @@ class DatacenterPlugin(Plugin):
             Sensor(node_sensor(hall, i, "inlet_temp", prefix), sopts, "°C")
             for i in range(hall.n_nodes)
         ]
+        if cfg.outlets:
+            sensors += [
+                Sensor(node_sensor(hall, i, "outlet_temp", prefix), sopts, "°C")
+                for i in range(hall.n_nodes)
+            ]
         if cfg.totals:
             sensors += [
                 Sensor(f"{prefix}/power", sopts, "W", integrable=True),
                 Sensor(f"{prefix}/cooling_power", sopts, "W", integrable=True),
                 Sensor(f"{prefix}/supply_temp", sopts, "°C"),
             ]
-        return [HallGroup("hall", sensors, opts, self)]
+        groups: list[Group] = [HallGroup("hall", sensors, opts, self)]
+        self.ledger: ledger.Ledger | None = None
+        self.last_s: float | None = None
+        if cfg.ledger:
+            self.ledger = ledger.Ledger(
+                self.context.state_dir / f"{self.context.instance}-ledger.json"
+            )
+            lopts = self.group_options(interval_ms=cfg.ledger_interval_ms, timeout_ms=None)
+            books = ledger.sensors(prefix, self.sensor_options(lopts))
+            groups.append(ledger.LedgerGroup("ledger", books, lopts, self.ledger))
+        return groups
 
     def measure(self, timestamp_ns: int) -> Float64Array:
         """One noisy measurement of the hall at ``timestamp_ns`` for the current placement."""
         cfg = self.config
         assert isinstance(cfg, DatacenterConfig)
-        hall, n, pl = self.hall, self.hall.n_nodes, self.placement
-        true_w = self.load.powers_w(timestamp_ns / 1e9, pl.powers_w, pl.busy, pl.jobs)
-        inlet = hall.inlet_c(true_w)
-        power = true_w
+        n, pl = self.hall.n_nodes, self.placement
+        now_s = timestamp_ns / 1e9
+        true_w = self.load.powers_w(now_s, pl.powers_w, pl.busy, pl.jobs)
+        hall = self.physics.step(now_s, true_w)
+        power, inlet, outlet = true_w, hall.inlet_c, hall.outlet_c
         if cfg.noise_power_w:
             power = np.maximum(power + self.rng.normal(0.0, cfg.noise_power_w, n), 0.0)
         if cfg.noise_temp_c:
             inlet = inlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
+            if cfg.outlets:
+                outlet = outlet + self.rng.normal(0.0, cfg.noise_temp_c, n)
+        if self.ledger is not None:
+            over = int((hall.inlet_c[pl.present] > self.hall.redline_c).sum())
+            dt = 0.0 if self.last_s is None else now_s - self.last_s
+            self.ledger.add(pl.policy, dt, float(true_w.sum()), hall.cooling_w, over)
+        self.last_s = now_s if self.last_s is None else max(self.last_s, now_s)
         absent = ~pl.present
         parts = [np.where(absent, np.nan, power), np.where(absent, np.nan, inlet)]
+        if cfg.outlets:
+            parts.append(np.where(absent, np.nan, outlet))
         if cfg.totals:
-            totals = [float(true_w.sum()), hall.cooling_power_w(true_w), hall.supply_c]
-            parts.append(np.array(totals))
+            parts.append(np.array([float(true_w.sum()), hall.cooling_w, hall.supply_c]))
         return np.concatenate(parts)
 
     async def close(self) -> None:

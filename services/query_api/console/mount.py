@@ -82,6 +82,15 @@ def mount(app: FastAPI) -> None:
     async def favicon() -> FileResponse:
         return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
+    info = APIRouter(include_in_schema=False, dependencies=[read])
+
+    @info.get("/console/info")
+    async def console_info() -> dict[str, Any]:
+        """What the console adapts to: ``profile`` (``demo`` = the simulated hall under
+        ``kelvin up --demo``; ``up``, ``run``: the allocator's reference hall is no real hall)."""
+        return {"profile": ctx.profile}
+
     app.include_router(pages)
+    app.include_router(info)
     app.include_router(proxy.router(app, ctx, read))
     app.mount(STATIC_PREFIX, _RevalidatingStatic(directory=STATIC_DIR), name="console-static")

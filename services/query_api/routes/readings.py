@@ -16,7 +16,7 @@ from services.query_api import csvimport, encode, stream
 from services.query_api import spec as specs
 from services.query_api.context import ApiContext
 from services.query_api.csvimport import CsvError, PayloadTooLarge
-from services.query_api.query import QueryError, Result, apply
+from services.query_api.query import QueryError, Result, apply, check_range
 from services.query_api.routes.common import interval, time_range
 from services.query_api.spec import Spec
 
@@ -74,8 +74,7 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> StreamingResponse:
         ctx.metrics.requests.labels("readings").inc()
         start_ns, end_ns = time_range(ctx, start, end)
-        if end_ns <= start_ns:
-            raise QueryError(f"empty time range: start {start_ns} is not before end {end_ns}")
+        check_range(start_ns, end_ns)
         step = interval(interval_)
         parsed = [specs.parse(s) for s in sensor]
         if format == "json" and (len(parsed) != 1 or parsed[0].has_wildcard):

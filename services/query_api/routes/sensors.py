@@ -122,7 +122,7 @@ def router(ctx: ApiContext) -> APIRouter:
         names.validate(sensor)
         vdef = await ctx.catalog.virtual(sensor)
         if vdef is None and not await ctx.storage.has_sensor(sensor):
-            raise NotFoundError(f"sensor {sensor!r} does not exist")
+            raise NotFoundError(await ctx.catalog.missing(sensor))
         meta = await ctx.storage.get_metadata(sensor)
         out: dict[str, Any] = (
             meta.model_dump() if meta else SensorMetadata(name=sensor).model_dump()

@@ -56,6 +56,18 @@ class VirtualIn(BaseModel):
     description: str = ""
 
 
+def differs(old: dict[str, Any], spec: VirtualIn) -> bool:
+    """Whether a stored definition differs from ``spec`` (what redefining would change)."""
+    if spec.interval_ms and old.get("interval_ms") != spec.interval_ms:
+        return True
+    return (
+        old.get("expression") != spec.expression
+        or old.get("declared_unit") != spec.unit
+        or old.get("max_gap_ms") != spec.max_gap_ms
+        or old.get("description", "") != spec.description
+    )
+
+
 def _refs_of(defn: dict[str, Any]) -> list[str]:
     return [str(x) for x in defn.get("inputs", [])]
 

@@ -1,13 +1,15 @@
 // Alerts evaluated by the query API's rules (/prometheus/api/v1/alerts and /rules): header badge and table.
 import { getJSON } from "./api.js";
+import { explain } from "./status.js";
 import { Poller, h } from "./util.js";
 
 const API = "/prometheus/api/v1";
 const ORDER = { firing: 0, pending: 1 };
 
 export class AlertsView {
-  constructor(els) {
-    this.els = els; // {badge, status, table, empty, rules}
+  constructor(els, onUpdate) {
+    this.els = els; // {badge, status, table, empty, rules, problem}
+    this.onUpdate = onUpdate; // (alerts) => ..., e.g. the hall view's list of firing alerts
     this.visible = false;
     this.poller = new Poller(() => this.refresh(), 15000);
     this.poller.start(); // the header badge is always on
@@ -29,8 +31,11 @@ export class AlertsView {
     } catch (exc) {
       this.badge("bad", "alerts: unavailable");
       this.els.status.textContent = `Alerts unavailable: ${exc.detail || exc.message}`;
+      this.els.problem?.set("alerts", explain(exc, "Alerts unavailable"));
       return;
     }
+    this.els.problem?.clear("alerts");
+    this.onUpdate?.(alerts);
     const firing = alerts.filter((a) => a.state === "firing").length;
     const rules = groups.reduce((n, g) => n + g.rules.length, 0);
     const broken = groups.flatMap((g) => g.rules).filter((r) => r.health === "err");

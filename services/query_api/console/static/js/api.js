@@ -45,8 +45,8 @@ function url(path, params) {
   return qs ? `${path}?${qs}` : path;
 }
 
-async function request(method, path, { params, body, accept = "application/json" } = {}) {
-  const headers = { Accept: accept };
+async function request(method, path, { params, body, accept = "application/json", extra = {} } = {}) {
+  const headers = { Accept: accept, ...extra };
   const t = token();
   if (t) headers.Authorization = `Bearer ${t}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -80,8 +80,8 @@ export async function getText(path, params) {
   return (await request("GET", path, { params, accept: "text/csv" })).text();
 }
 
-export async function sendJSON(method, path, body, params) {
-  return (await request(method, path, { params, body })).json();
+export async function sendJSON(method, path, body, params, headers) {
+  return (await request(method, path, { params, body, extra: headers })).json();
 }
 
 /** How the query API authenticates: {mode: "token"|"none", open_roles: [...], role: null|"read"|...}. */
@@ -102,17 +102,23 @@ export function readings(sensor, start, end, interval) {
  */
 export async function latestMatching(pattern, start) {
   const { sensors } = await getJSON("/api/v1/sensor-names", { match: pattern });
+  if (!sensors.length) return new Map();
+  return latestOf([pattern], start);
+}
+
+/** The newest reading of each of `names` (existing sensors or patterns) since `start`. */
+export async function latestOf(names, start) {
   const out = new Map();
-  if (!sensors.length) return out;
+  if (!names.length) return out;
   const csv = await getText("/api/v1/readings", {
-    sensor: pattern, start, format: "csv", time_format: "ns",
+    sensor: names, start, format: "csv", time_format: "ns",
   });
   // Rows are Sensor,Time,Value in time order per sensor: the last row of each wins.
   for (const line of csv.split("\n").slice(1)) {
     if (!line) continue;
     const a = line.indexOf(","), b = line.indexOf(",", a + 1);
     const v = line.slice(b + 1);
-    if (v === "") continue;
+    if (v === "" || line.startsWith("Sensor,")) continue;
     out.set(line.slice(0, a), { tsNs: Number(line.slice(a + 1, b)), value: Number(v) });
   }
   return out;

@@ -1,13 +1,18 @@
-// Charts: several sensors over a relative (live) or absolute range, one y axis per unit (uPlot).
+// Charts: several sensors over a relative (live) or absolute range, one y axis per physical
+// quantity in SI-prefixed units (W and kW on one axis that reads kW), keyed to its series (uPlot).
 import { readings, nsString } from "./api.js";
+import { explain } from "./status.js";
+import { axisTicks, dimension, formatSI, formatTime, prefixFor } from "./units.js";
 import { PALETTE, Poller, fmtInt, h } from "./util.js";
 
 const TARGET_POINTS = 1000; // about one per horizontal pixel: resample longer ranges server-side
 const GAP_FACTOR = 3; // a step this many times the usual one (90th percentile) breaks the line
 
 export class ChartPanel {
-  constructor(els, onChange) {
+  constructor(els, onChange, problem) {
     this.els = els; // {chart, chosen, empty, status, range, custom, start, end, apply, live, reset, clear, csv}
+    this.problem = problem;
+    this.subSecond = false; // points closer than a second: hover times with milliseconds
     this.onChange = onChange;
     this.sensors = []; // [{name, colour}]
     this.range = { kind: "relative", seconds: 300 };
@@ -171,17 +176,22 @@ export class ChartPanel {
     const tables = [];
     const units = [];
     let win = null;
+    let closest = Infinity;
     answers.forEach((a, k) => {
       if (a.status === "fulfilled") {
-        tables.push(toTable(a.value));
-        units.push(a.value.unit || "");
+        const unit = a.value.unit || "";
+        tables.push(toTable(a.value, dimension(unit).factor));
+        units.push(unit);
         win ??= [a.value.start_ns / 1e9, a.value.end_ns / 1e9];
+        const ts = a.value.timestamps_ns;
+        for (let i = 1; i < ts.length; i++) closest = Math.min(closest, ts[i] - ts[i - 1]);
       } else {
         tables.push([[], []]);
         units.push("");
-        errors.push(`${want[k].name}: ${a.reason.detail || a.reason.message}`);
+        errors.push(explain(a.reason, want[k].name));
       }
     });
+    this.subSecond = closest < 1e9;
     if (win) this.window = win;
     else { const [a, b] = this.currentWindowMs(); this.window = [a / 1000, b / 1000]; }
     const data = window.uPlot.join(tables);
@@ -189,13 +199,40 @@ export class ChartPanel {
     const points = tables.reduce((n, t) => n + t[1].filter((v) => v !== null).length, 0);
     this.els.chart.dataset.points = String(points);
     this.els.chart.dataset.series = String(want.length);
+    this.els.chart.classList.toggle("stale-view", errors.length === want.length);
     const when = new Date().toLocaleTimeString();
     const resampled = q.interval ? ` · averaged over ${q.interval}` : "";
-    this.setStatus(errors.length ? errors.join("\n") : `${fmtInt(points)} points${resampled} · updated ${when}`, errors.length ? "error" : "");
+    // A failure is said above the chart (it stays with what it had), not only in the status line.
+    this.problem?.set("readings", errors.length
+      ? `${errors.length === want.length ? "Nothing to chart" : "Some sensors are missing"} (${when}):\n${errors.join("\n")}`
+      : null);
+    this.setStatus(errors.length ? `${errors.length} of ${want.length} sensors failed · ${when}` : `${fmtInt(points)} points${resampled} · updated ${when}`, errors.length ? "error" : "");
+  }
+
+  /** One axis per physical quantity: which series it carries and the prefix its numbers take. */
+  axesOf(sensors, units, data) {
+    const axes = new Map();
+    units.forEach((u, k) => {
+      const d = dimension(u);
+      const key = d.quantity;
+      if (!axes.has(key)) axes.set(key, { key, base: d.base, series: [], top: 0 });
+      const ax = axes.get(key);
+      ax.series.push(k);
+      for (const v of data[k + 1] || []) if (v !== null && Number.isFinite(v)) ax.top = Math.max(ax.top, Math.abs(v));
+    });
+    return [...axes.values()].map((ax, i) => {
+      const [, prefix] = prefixFor(ax.top, ax.base);
+      const one = ax.series.length === 1 ? ax.series[0] : null;
+      const name = ax.key === "ratio" && one !== null ? sensors[one].name.split("/").pop() : ax.key;
+      const unit = ax.base ? ` [${prefix}${ax.base}]` : "";
+      return { ...ax, side: i % 2 ? 1 : 3, label: `${name}${unit}`, colour: one === null ? null : sensors[one].colour, prefix };
+    });
   }
 
   draw(sensors, units, data) {
-    const key = sensors.map((s, k) => `${s.name}|${s.colour}|${units[k]}`).join(";");
+    const axesInfo = this.axesOf(sensors, units, data);
+    const key = sensors.map((s, k) => `${s.name}|${s.colour}|${units[k]}`).join(";")
+      + `#${axesInfo.map((a) => a.label).join(";")}#${this.subSecond}`;
     if (this.plot && key === this.plotKey) {
       this.plot.setData(data);
       return;
@@ -205,33 +242,50 @@ export class ChartPanel {
     const css = getComputedStyle(document.documentElement);
     const ink = css.getPropertyValue("--text").trim() || "#222";
     const grid = css.getPropertyValue("--line").trim() || "#ddd";
-    const unitList = [...new Set(units)];
+    const axisOf = new Map();
+    const ticks = {};
     const axes = [{ stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } }];
-    unitList.forEach((u, k) => {
+    axesInfo.forEach((a, i) => {
+      for (const k of a.series) axisOf.set(k, a);
       axes.push({
-        scale: `u:${u}`, side: k % 2 ? 1 : 3, label: u || "(no unit)", stroke: ink,
-        grid: { show: k === 0, stroke: grid, width: 1 }, ticks: { stroke: grid }, size: 60,
+        scale: `q:${a.key}`, side: a.side, label: a.label, stroke: a.colour || ink,
+        labelFont: "bold 12px system-ui, sans-serif",
+        grid: { show: i === 0, stroke: grid, width: 1 }, ticks: { stroke: a.colour || grid }, size: 64,
+        values: (u, splits) => {
+          const labels = axisTicks(splits, a.base).labels;
+          ticks[a.key] = labels; // drawn on the canvas: kept for whoever checks them
+          return labels;
+        },
       });
     });
     const scales = { x: { time: true, range: () => this.window } };
-    for (const u of unitList) scales[`u:${u}`] = { auto: true };
+    for (const a of axesInfo) scales[`q:${a.key}`] = { auto: true };
+    const sides = { 1: "right", 3: "left" };
     const opts = {
       ...this.size(),
       scales,
       axes,
       series: [
-        { label: "time" },
-        ...sensors.map((s, k) => ({
-          label: units[k] ? `${s.name} [${units[k]}]` : s.name,
-          stroke: s.colour, width: 1.5, scale: `u:${units[k]}`, spanGaps: false,
-          value: (u, v) => (v === null || v === undefined ? "–" : formatValue(v)),
-        })),
+        { label: "time", value: (u, ts) => (ts === null || ts === undefined ? "–" : formatTime(ts, this.subSecond)) },
+        ...sensors.map((s, k) => {
+          const a = axisOf.get(k);
+          const many = axesInfo.length > 1 ? `, ${sides[a.side]} axis` : "";
+          return {
+            label: units[k] ? `${s.name} [${units[k]}${many}]` : `${s.name}${many ? ` [${many.slice(2)}]` : ""}`,
+            stroke: s.colour, width: 1.5, scale: `q:${a.key}`, spanGaps: false,
+            value: (u, v) => (v === null || v === undefined ? "–" : formatSI(v, a.base)),
+          };
+        }),
       ],
       cursor: { drag: { x: true, y: false, setScale: false } },
       legend: { live: true },
-      hooks: { setSelect: [(u) => this.zoom(u)] },
+      hooks: {
+        setSelect: [(u) => this.zoom(u)],
+        draw: [() => { this.els.chart.dataset.ticks = JSON.stringify(axesInfo.map((a) => ticks[a.key] || [])); }],
+      },
     };
     this.plot = new window.uPlot(opts, data, this.els.chart);
+    this.els.chart.dataset.axes = JSON.stringify(axesInfo.map((a) => ({ label: a.label, colour: a.colour, series: a.series.length })));
   }
 
   zoom(u) {
@@ -294,9 +348,11 @@ export class ChartPanel {
   }
 }
 
-/** Readings -> [xs in s, ys] with a null wherever the series pauses much longer than usual. */
-function toTable(r) {
-  const ts = r.timestamps_ns, vs = r.values;
+/** Readings -> [xs in s, ys in the base unit] with a null wherever the series pauses much
+ * longer than usual. */
+function toTable(r, factor = 1) {
+  const ts = r.timestamps_ns;
+  const vs = factor === 1 ? r.values : r.values.map((v) => (v === null ? null : v * factor));
   const n = ts.length;
   if (n < 3) return [ts.map((t) => t / 1e9), vs.slice()];
   const steps = [];
@@ -314,12 +370,6 @@ function toTable(r) {
     ys.push(vs[i]);
   }
   return [xs, ys];
-}
-
-function formatValue(v) {
-  const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(3);
-  return v.toFixed(a >= 100 ? 1 : a >= 1 ? 2 : 4);
 }
 
 function localInput(ms) {

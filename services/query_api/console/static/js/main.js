@@ -1,5 +1,6 @@
 // Console entry point: wires the views together, routes on the address bar's #fragment.
 import { ALLOCATOR, authState, getJSON, setToken, token } from "./api.js";
+import { Problem, Readiness, consoleInfo } from "./status.js";
 import { Poller } from "./util.js";
 import { AlertsView } from "./alerts.js";
 import { ChartPanel } from "./chart.js";
@@ -23,7 +24,7 @@ const chart = new ChartPanel({
 }, () => {
   tree.setCharted(chart.colours());
   if (current === "charts") writeHash();
-});
+}, new Problem($("chart-problem")));
 
 const tree = new SensorTree($("tree"), $("tree-search"), $("tree-status"), (name) => {
   chart.toggle(name);
@@ -38,23 +39,31 @@ function showCharts(names) {
 const hall = new HallView({
   plan: $("hall-plan"), totals: $("hall-totals"), legend: $("hall-legend"), node: $("hall-node"),
   jobs: $("hall-jobs"), status: $("hall-status"), name: $("hall-name"),
-  modes: document.querySelectorAll("input[name=hall-colour]"),
+  modes: document.querySelectorAll("input[name=hall-colour]"), problem: $("hall-problem"),
+  alerts: $("hall-alerts"), none: $("hall-none"), summary: $("hall-summary"), body: $("hall-body"),
+  policies: $("hall-policies"),
 }, showCharts);
 
 const virtual = new VirtualView({
   table: $("virtual-table"), empty: $("virtual-empty"), form: $("virtual-form"),
   check: $("virtual-check"), message: $("virtual-message"), title: $("virtual-form-title"),
+  problem: new Problem($("virtual-problem")),
 }, { onChart: showCharts, onChanged: () => tree.refresh() });
 
 const ingest = new IngestView({
   badge: $("ingest-badge"), status: $("ingest-status"), cards: $("ingest-cards"),
-  rejects: $("ingest-rejects"), chart: $("ingest-chart"),
+  rejects: $("ingest-rejects"), chart: $("ingest-chart"), history: $("ingest-history"),
+  problem: new Problem($("ingest-problem")),
 });
 
 const alerts = new AlertsView({
   badge: $("alerts-badge"), status: $("alerts-status"), table: $("alerts-table"),
-  empty: $("alerts-empty"), rules: $("alerts-rules"),
-});
+  empty: $("alerts-empty"), rules: $("alerts-rules"), problem: new Problem($("alerts-problem")),
+}, (alerts) => hall.setAlerts(alerts));
+
+// Storage down: a banner over every view, and the views look again once it is back.
+const readiness = new Readiness($("storage-banner"));
+readiness.onChange((ready) => { if (ready) { tree.refresh(); route(); } });
 
 function writeHash() {
   const st = chart.state();
@@ -146,10 +155,11 @@ async function boot() {
   setupToken();
   window.addEventListener("hashchange", route);
   if (!location.hash) {
-    // Land on the hall when an allocator answers (the demo), else on the charts.
+    // Land on the hall when there is one to see (the demo, or a hall file), else on the charts.
     try {
-      await getJSON(`${ALLOCATOR}/api/v1/hall`);
-      history.replaceState(null, "", "#/hall");
+      const [hallDoc, info] = await Promise.all([getJSON(`${ALLOCATOR}/api/v1/hall`), consoleInfo()]);
+      const real = info.profile === "demo" || hallDoc.model?.source !== "reference";
+      history.replaceState(null, "", real ? "#/hall" : "#/charts");
     } catch {
       history.replaceState(null, "", "#/charts");
     }

@@ -74,17 +74,11 @@ export function jobColour(job) {
   return `hsl(${(hsh * 137.508) % 360} 70% 38%)`;
 }
 
-const RAMP = ["#313695", "#4575b4", "#74add1", "#abd9e9", "#fee090", "#fdae61", "#f46d43", "#d73027", "#a50026"];
-
-/** Colour of a temperature between lo (cool) and hi (hot). */
-export function tempColour(t, lo, hi) {
-  const x = Math.min(1, Math.max(0, (t - lo) / Math.max(1e-9, hi - lo))) * (RAMP.length - 1);
-  const i = Math.min(RAMP.length - 2, Math.floor(x));
-  return mix(RAMP[i], RAMP[i + 1], x - i);
-}
-
-export function rampGradient() {
-  return `linear-gradient(to right, ${RAMP.join(", ")})`;
+/** The colour a fraction `f` (0..1) of the way along the colour `stops`. */
+export function ramp(stops, f) {
+  const x = Math.min(1, Math.max(0, f)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(x));
+  return mix(stops[i], stops[i + 1], x - i);
 }
 
 /** Black or white text for legibility on a background colour. */

@@ -1,5 +1,6 @@
 // Virtual sensors: list, define (checked first with dry_run), delete, and chart.
 import { ApiError, getJSON, sendJSON } from "./api.js";
+import { explain } from "./status.js";
 import { h } from "./util.js";
 
 export class VirtualView {
@@ -23,8 +24,9 @@ export class VirtualView {
     let defs;
     try {
       defs = (await getJSON("/api/v1/virtual")).virtual;
+      this.els.problem?.clear("list");
     } catch (exc) {
-      this.message(`Cannot list virtual sensors: ${exc.detail || exc.message}`, "error");
+      this.els.problem?.set("list", `${explain(exc, "Cannot list virtual sensors")}. The table shows what it had.`);
       return;
     }
     const body = this.els.table.tBodies[0];
@@ -86,8 +88,22 @@ export class VirtualView {
     const body = { expression, description: f.description.value.trim() };
     if (f.unit.value.trim()) body.unit = f.unit.value.trim();
     if (f.interval_ms.value) body.interval_ms = Number(f.interval_ms.value);
+    // Redefining drops the stored results (and a configured sensor comes back at the next
+    // start): ask first. If-None-Match keeps a definition made meanwhile from being replaced.
+    let headers = { "If-None-Match": "*" };
+    if (!dryRun) {
+      const old = await this.existing(name);
+      if (old && differs(old, body)) {
+        const configured = old.configured ? "\nIt is configured: the next start of the query API defines it again as configured." : "";
+        if (!window.confirm(`Virtual sensor ${name} exists:\n  ${old.expression}\nRedefine it as\n  ${expression}?\nIts stored results are dropped.${configured}`)) {
+          this.message(`Not saved: ${name} keeps its definition.`, "warn");
+          return;
+        }
+        headers = {};
+      }
+    }
     try {
-      const d = await sendJSON("PUT", `/api/v1/virtual/${encodePath(name)}`, body, dryRun ? { dry_run: "true" } : undefined);
+      const d = await sendJSON("PUT", `/api/v1/virtual/${encodePath(name)}`, body, dryRun ? { dry_run: "true" } : undefined, dryRun ? {} : headers);
       const what = `${d.name}: unit ${d.unit || "none"}, grid ${d.interval_ms} ms (${d.interval_source}), inputs ${d.inputs.join(", ")}`;
       const warn = d.warnings?.length ? `\nWarnings:\n${d.warnings.map((w) => `• ${w}`).join("\n")}` : "";
       if (dryRun) {
@@ -101,6 +117,17 @@ export class VirtualView {
       this.onChanged();
     } catch (exc) {
       this.message(describe(exc, expression), "error");
+    }
+  }
+
+  /** The stored definition of `name`, or null (none, or it cannot be read: the PUT decides).
+   * From the list, which answers 200 either way (a 404 would be an error in the console). */
+  async existing(name) {
+    try {
+      const found = (await getJSON("/api/v1/virtual")).virtual.find((d) => d.name === name);
+      return found ? await getJSON(`/api/v1/virtual/${encodePath(name)}`) : null;
+    } catch {
+      return null;
     }
   }
 
@@ -118,6 +145,13 @@ function describe(exc, expression) {
   const pos = exc.position;
   if (Number.isInteger(pos) && expression && !exc.detail.includes("\n")) return `${exc.detail}\n${expression}\n${" ".repeat(Math.max(0, pos - 1))}^`;
   return exc.detail;
+}
+
+/** Whether saving `body` would change the stored definition `old`. */
+function differs(old, body) {
+  return old.expression !== body.expression || (old.declared_unit || null) !== (body.unit || null)
+    || (body.interval_ms !== undefined && old.interval_ms !== body.interval_ms)
+    || (old.description || "") !== (body.description || "");
 }
 
 function encodePath(name) {
