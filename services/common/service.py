@@ -175,7 +175,7 @@ def arm_exit_deadline(seconds: float) -> None:
     status 1, whatever the event loop and the other threads are doing (a C thread of
     :mod:`faulthandler`: it needs neither the loop nor, to fire, the GIL). For the
     ``kelvin`` process only: it replaces any earlier such timer of this process."""
-    log.debug("shutdown deadline: exit with status 1 unless stopped within %.0f s", seconds)
+    log.info("stopping: this process exits with status 1 unless stopped within %.0f s", seconds)
     faulthandler.dump_traceback_later(seconds, exit=True)
 
 
