@@ -18,8 +18,9 @@ test:
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra
 
-# Builds every Dockerfile target with podman from a local Debian base and runs the
-# services from the image (about a minute; a few more the first time): not in `test`.
+# Installs podman, builds every Dockerfile target from a local Debian base and runs the
+# services from the image (about a minute; a few more the first time). `test` runs the
+# same test wherever podman is already installed.
 image-test:
 	@scripts/bootstrap.sh test,plugins
 	@scripts/install-peers.sh image

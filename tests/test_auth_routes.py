@@ -40,7 +40,7 @@ SAFE = {"GET", "HEAD", "OPTIONS"}
 
 
 def test_every_service_is_walked() -> None:
-    assert {"collect-agent", "query-api", "allocator", "pusher"} <= set(TARGETS)
+    assert {"collect-agent", "query-api", "allocator", "pusher", "slurm-bridge"} <= set(TARGETS)
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

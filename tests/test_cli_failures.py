@@ -71,6 +71,20 @@ def test_every_taken_port_is_named_at_once_and_nothing_starts(
     assert not data.exists()  # no token file, no state directory, no database
 
 
+def test_a_taken_pusher_port_alone_is_named_without_a_traceback(
+    taken: list[int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The report: the pusher's conflict came last and ended in "Event loop is closed".
+    ports = {flag: free_port() for flag in PORT_FLAGS} | {"--pusher-port": taken[0]}
+    args = [x for flag, port in ports.items() for x in (flag, str(port))]
+    data = tmp_path / "data"
+    assert main(["up", "--data-dir", str(data), *args]) == 1
+    err = capsys.readouterr().err
+    assert f"port {taken[0]} on 127.0.0.1 is already in use" in err and "--pusher-port" in err
+    assert "Traceback" not in err and "Event loop is closed" not in err
+    assert not data.exists()
+
+
 def test_two_services_on_one_port_is_one_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

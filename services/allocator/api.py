@@ -5,18 +5,19 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-import numpy as np
+import scipy.sparse as sp
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.allocator import model_wire as wire
 from services.allocator.jobs import MAX_RUNTIME_S
 from services.allocator.policies import REGISTRY
 from services.allocator.runtime import AllocatorCore
 from services.common.auth import Role
 from services.common.errors import ConfigError, NotFoundError
-from services.common.http import requires
+from services.common.http import read_capped, requires
 
 
 class JobIn(BaseModel):
@@ -35,15 +36,6 @@ class JobIn(BaseModel):
 class PolicyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str
-
-
-class ModelIn(BaseModel):
-    """A heat-recirculation matrix to make live (K/W, node order of the hall)."""
-
-    model_config = ConfigDict(extra="forbid")
-    d_matrix: list[list[float]]
-    source: str = Field("api", max_length=200)
-    fit: dict[str, Any] | None = None
 
 
 def _problem(status: int, error: str, detail: str) -> JSONResponse:
@@ -125,20 +117,42 @@ def router(core: AllocatorCore) -> APIRouter:
             return _problem(422, "unknown_policy", str(exc))
         return await get_policy()
 
-    @r.get("/hall/model", dependencies=read)
-    async def get_model() -> dict[str, Any]:
-        return {**core.model_meta, "d_matrix": core.book.model.hall.d_matrix.tolist()}
+    @r.get("/hall/model", dependencies=read, responses={422: {}})
+    async def get_model(form: wire.Form | None = None) -> Any:
+        """The live D: dense rows for a dense D, COO triplets for a sparse one (or ``form``)."""
+        d = core.book.model.hall.d_matrix
+        n = d.shape[0]
+        chosen = form or ("coo" if sp.issparse(d) else "dense")
+        if chosen == "dense" and sp.issparse(d) and n > DENSE_MAX_NODES:
+            return _problem(
+                422,
+                "too_large",
+                f"a dense D of {n} nodes is {n * n:,} numbers; ask for form=coo or form=npz",
+            )
+        return {**core.model_meta, **wire.encode(d, chosen)}
 
-    @r.put("/hall/model", dependencies=admin)
-    async def put_model(body: ModelIn) -> Any:
+    @r.put("/hall/model", dependencies=admin, responses={413: {}, 422: {}})
+    async def put_model(request: Request) -> Any:
+        """Make a D live: ``d_matrix``, ``d_coo`` or ``d_npz`` (:mod:`.model_wire`)."""
+        raw = await read_capped(request, wire.MAX_BODY_BYTES)
+        if raw is None:
+            counted.labels("model").inc()
+            return _problem(
+                413, "too_large", f"a model document is at most {wire.MAX_BODY_BYTES} bytes"
+            )
         try:
-            d = np.asarray(body.d_matrix, dtype=np.float64)
+            body = wire.ModelIn.model_validate_json(raw)
+        except ValidationError as exc:
+            counted.labels("validation").inc()
+            return _problem(422, "invalid_request", _fields(exc))
+        try:
+            d = wire.decode(body, core.book.model.n)
             core.set_model(
                 d, {"source": body.source, "fit": body.fit, "updated_ns": time.time_ns()}
             )
         except ValueError as exc:
             counted.labels("model").inc()
-            return _problem(422, "bad_model", f"d_matrix: {exc}")
+            return _problem(422, "bad_model", str(exc))
         return {**core.model_meta, "name": core.book.model.hall.name}
 
     @r.delete("/hall/model", dependencies=admin)
@@ -149,13 +163,18 @@ def router(core: AllocatorCore) -> APIRouter:
     return r
 
 
+DENSE_MAX_NODES = 2000
+"""A sparse D is sent dense only up to this many nodes (4M numbers)."""
+
+
+def _fields(exc: ValidationError | RequestValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+
+
 def install_validation_counter(app: FastAPI, core: AllocatorCore) -> None:
     """Count malformed requests (reason ``validation``) and name the offending fields."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         core.metrics.rejected_requests.labels("validation").inc()
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        return _problem(422, "invalid_request", detail)
+        return _problem(422, "invalid_request", _fields(exc))

@@ -169,7 +169,8 @@ def _calibrate_parser(group: Any) -> None:
         "--local",
         metavar="RACKS[,ROWS]",
         help="fit D sparse: a node warms only nodes within RACKS racks along its row and ROWS "
-        "rows across (default 1); for large halls (writes the hall with --out; no --apply)",
+        "rows across (default 1); for large halls (--out writes a sparse hall, --apply sends "
+        "the sparse D)",
     )
     p.add_argument(
         "--known-d", type=Path, metavar="FILE", help="a known D to report the error against"

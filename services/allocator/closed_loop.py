@@ -16,8 +16,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import scipy.sparse as sp
 import yaml
 
+from services.allocator import model_wire as wire
 from services.allocator.calibrate import (
     CalibrationError,
     Fit,
@@ -154,7 +156,7 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
         # A search over time constants would repeat the whole sparse fit: a given τ only.
         tau = tau or 0.0
         samples = lag_samples(samples, tau)
-        d_full, fit = _local_fit(hall, samples, base, args.fit_supply, local, args.apply)
+        d_full, fit = _local_fit(hall, samples, base, args.fit_supply, local)
     else:
         fit, tau, samples = fit_lagged(samples, base, tau, args.fit_supply)
         d_full = np.zeros_like(hall.d_matrix)
@@ -188,15 +190,11 @@ def run_calibration(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _local_fit(
-    hall: Hall, samples: Samples, supply_c: float, fit_supply: bool, spec: str, apply: bool
+    hall: Hall, samples: Samples, supply_c: float, fit_supply: bool, spec: str
 ) -> tuple[Any, Fit]:
     """A sparse D fitted within each node's neighbourhood (``--local RACKS[,ROWS]``)."""
-    import scipy.sparse as sp
-
     from services.allocator.calibrate import local_support
 
-    if apply:
-        raise ConfigError("--local fits are written with --out, not applied (--apply is dense)")
     try:
         racks, _, rows = spec.partition(",")
         near = local_support(hall, int(racks), int(rows or 1))
@@ -211,18 +209,16 @@ def _local_fit(
     return full, fit
 
 
-def apply_model(
-    base_url: str, d: np.ndarray, report: dict[str, Any], headers: dict[str, str]
-) -> str:
-    """PUT the fitted D to a running allocator; returns the URL it went to."""
+def apply_model(base_url: str, d: Any, report: dict[str, Any], headers: dict[str, str]) -> str:
+    """PUT the fitted D to a running allocator (a sparse D as ``d_npz``); returns the URL."""
     body = {
-        "d_matrix": d.tolist(),
+        **wire.encode(d, "npz" if sp.issparse(d) else "dense"),
         "source": "kelvin allocator calibrate",
         "fit": {k: report[k] for k in ("samples", "rmse_c", "max_abs_c")},
     }
     url = base_url.rstrip("/") + "/api/v1/hall/model"
     try:
-        r = httpx.put(url, json=body, headers=headers, timeout=30.0)
+        r = httpx.put(url, json=body, headers=headers, timeout=60.0)
     except httpx.HTTPError as exc:
         raise KelvinError(f"cannot reach the allocator at {base_url}: {exc}") from exc
     if r.status_code != 200:

@@ -43,12 +43,20 @@ def distance_matrix(
     a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], weights: Float64Array
 ) -> Float64Array:
     """dist between every node of ``a`` (rows) and of ``b`` (columns)."""
-    # one axis at a time: no |a| x |b| x 3 intermediate (integers times the weights, so the
-    # sums are exact in any order)
-    out = np.zeros((a.shape[0], b.shape[0]))
-    for axis in range(a.shape[1]):
-        out += weights[axis] * np.abs(a[:, None, axis] - b[None, :, axis])
-    return out
+    # one axis at a time: no |a| x |b| x 3 intermediate
+    a32, b32 = a.astype(np.int32), b.astype(np.int32)
+    if np.array_equal(weights, np.round(weights)) and np.abs(weights).max() < 2**15:
+        # integer weights: the whole sum in int32, exact like every float sum of it
+        whole = weights.astype(np.int32)
+        out = np.zeros((a.shape[0], b.shape[0]), dtype=np.int32)
+        for axis in range(a.shape[1]):
+            step = np.abs(a32[:, None, axis] - b32[None, :, axis])
+            out += step if whole[axis] == 1 else whole[axis] * step
+        return out.astype(np.float64)
+    total = np.zeros((a.shape[0], b.shape[0]))
+    for axis in range(a.shape[1]):  # integers times the weights, added in axis order
+        total += weights[axis] * np.abs(a32[:, None, axis] - b32[None, :, axis])
+    return total
 
 
 def distance_sums(

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from services.allocator.closed_loop import sensor_names
 from services.allocator.cluster import ClusterIn, ModeError, SyncResult, sync
@@ -166,9 +167,10 @@ class AllocatorCore:
         self.book.start_queued(time.time_ns())
         self.commit()
 
-    def set_model(self, d: np.ndarray, meta: dict[str, Any]) -> None:
-        """Make a fitted D live (validated against the layout), persist it, re-plan the queue."""
-        hall = self.base_hall.replace(d_matrix=np.asarray(d, dtype=np.float64))
+    def set_model(self, d: np.ndarray | sp.csr_matrix, meta: dict[str, Any]) -> None:
+        """Make a fitted D live (dense or sparse, validated against the layout), persist it,
+        re-plan the queue."""
+        hall = self.base_hall.replace(d_matrix=d if sp.issparse(d) else np.asarray(d, float))
         self.book.set_model(self.book.model.with_hall(hall))
         self.store.save_model(hall.d_matrix, meta)
         self.model_meta = meta

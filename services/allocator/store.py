@@ -1,8 +1,8 @@
 """Persistence of the allocator under ``state_dir``: atomic, and loud about damage.
 
-``state.json`` holds jobs, queue, policy and history; ``model.D.npy`` a
-fitted D applied at run time (with ``model.json`` saying where it came
-from). Every write goes to a temporary file in the same directory, is
+``state.json`` holds jobs, queue, policy and history; ``model.D.npy`` (or,
+sparse, ``model.D.npz``) a fitted D applied at run time (with ``model.json``
+saying where it came from). Every write goes to a temporary file in the same directory, is
 fsynced, then renamed over the old one, so a crash leaves either the old or
 the new state, never half of one. A file that does not parse is moved aside
 (``*.corrupt-<ns>``) and reported, never silently replaced.
@@ -19,11 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
+from services.allocator.model_wire import UNREADABLE
 from services.common.errors import ConfigError
 from services.common.thermal import Float64Array
 
 log = logging.getLogger(__name__)
+
+MODEL_DENSE, MODEL_SPARSE = "model.D.npy", "model.D.npz"
 
 
 class StateStore:
@@ -50,29 +54,43 @@ class StateStore:
     def save_state(self, doc: dict[str, Any]) -> None:
         self._write(self.state_path, json.dumps(doc, separators=(",", ":")).encode())
 
-    def load_model(self) -> tuple[Float64Array, dict[str, Any]] | None:
-        path = self.dir / "model.D.npy"
-        if not path.exists():
+    def load_model(self) -> tuple[Float64Array | sp.csr_matrix, dict[str, Any]] | None:
+        """The saved D (dense ``model.D.npy`` or sparse ``model.D.npz``) and what it came from."""
+        saved = [p for p in (self.dir / MODEL_DENSE, self.dir / MODEL_SPARSE) if p.exists()]
+        if not saved:
             return None
+        # both exist only after a crash between writing one and removing the other: the newer
+        path = max(saved, key=lambda p: p.stat().st_mtime_ns)
+        d: Float64Array | sp.csr_matrix
         try:
-            d = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+            if path.name == MODEL_SPARSE:
+                d = sp.csr_matrix(sp.load_npz(path), dtype=np.float64)
+            else:
+                d = np.asarray(np.load(path, allow_pickle=False), dtype=np.float64)
+        except UNREADABLE as exc:
             self._set_aside(path, exc)
             return None
         meta = self._read_json(self.dir / "model.json")
-        return np.asarray(d, dtype=np.float64), meta if isinstance(meta, dict) else {}
+        return d, meta if isinstance(meta, dict) else {}
 
-    def save_model(self, d: Float64Array, meta: dict[str, Any]) -> None:
-        tmp = self.dir / f".model.D.npy.{os.getpid()}.tmp"
+    def save_model(self, d: Float64Array | sp.spmatrix, meta: dict[str, Any]) -> None:
+        """Write D atomically (sparse as ``.npz``, dense as ``.npy``), then drop the other form."""
+        name, other = (MODEL_SPARSE, MODEL_DENSE) if sp.issparse(d) else (MODEL_DENSE, MODEL_SPARSE)
+        tmp = self.dir / f".{name}.{os.getpid()}.tmp"
         with tmp.open("wb") as f:
-            np.save(f, d, allow_pickle=False)
+            if sp.issparse(d):
+                sp.save_npz(f, sp.csr_matrix(d), compressed=True)
+            else:
+                np.save(f, d, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.dir / "model.D.npy")
+        os.replace(tmp, self.dir / name)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / other).unlink()
         self._write(self.dir / "model.json", json.dumps(meta).encode())
 
     def clear_model(self) -> None:
-        for name in ("model.D.npy", "model.json"):
+        for name in (MODEL_DENSE, MODEL_SPARSE, "model.json"):
             with contextlib.suppress(FileNotFoundError):
                 (self.dir / name).unlink()
         self._sync_dir()

@@ -5,9 +5,9 @@
   packet it is receiving; one that cannot is paused (it holds at most one socket
   read) until others complete or close, so memory stays near the budget whatever
   the number of connections.
-* :func:`raise_nofile_limit`: the soft RLIMIT_NOFILE raised to the hard limit at
-  start, and ``max_connections`` capped below it, so the endpoint never takes the
-  last descriptors the spool, storage and HTTP need.
+* ``max_connections`` is capped below the descriptor limit
+  (:mod:`services.common.fdlimits`), so the endpoint never takes the last
+  descriptors the spool, storage and HTTP need.
 * :class:`Listener`: the accept loop. Out of descriptors (EMFILE and kin) it stops
   accepting for a moment and logs once per episode instead of a traceback per try.
 """
@@ -26,15 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from services.collect_agent.metrics import AgentMetrics
+from services.common.fdlimits import RESOURCE_ERRNOS
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
-
-_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_NOFILE_CEILING = 1 << 20
-"""Soft limit used when the hard limit is unlimited (Linux's default fs.nr_open)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,25 +129,6 @@ class PartialBudget:
             conn.resume("budget")
 
 
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; returns (before, now)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = _NOFILE_CEILING if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return soft, target
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, target, exc)
-    return soft, soft
-
-
-def connection_cap(configured: int, nofile: int) -> int:
-    """``max_connections`` kept below the descriptor limit with a margin for the rest."""
-    margin = max(64, nofile // 8)
-    return max(1, min(configured, nofile - margin))
-
-
 class Listener:
     """Non-blocking accept loop on a bound socket (see the module docstring)."""
 
@@ -188,7 +166,7 @@ class Listener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in _RESOURCE_ERRNOS:
+                if exc.errno in RESOURCE_ERRNOS:
                     self._starve(exc)
                     return
                 # The peer gave up before we accepted (ECONNABORTED and kin): next one.

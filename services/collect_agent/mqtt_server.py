@@ -27,17 +27,12 @@ from services.collect_agent.ingest import Ingestor
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.mqtt_auth import MqttAcl, MqttAuth
 from services.collect_agent.mqtt_connection import MqttConnection, encode_acks
-from services.collect_agent.mqtt_limits import (
-    EndpointLimits,
-    Listener,
-    PartialBudget,
-    connection_cap,
-    raise_nofile_limit,
-)
+from services.collect_agent.mqtt_limits import EndpointLimits, Listener, PartialBudget
 from services.collect_agent.mqtt_rebalance import Rebalancer
 from services.collect_agent.mqtt_sessions import SessionStore
 from services.collect_agent.spool import SpoolError
 from services.collect_agent.tasks import cancel
+from services.common.fdlimits import connection_cap, raise_nofile_limit
 from services.common.logs import RateLimitedLog
 from services.common.net import bind_tcp, bound_port
 from services.common.tasks import wait_for

@@ -34,7 +34,7 @@ from services.collect_agent.spool import SpoolError
 from services.common import names, prompb
 from services.common.auth import Role
 from services.common.errors import SensorNameError
-from services.common.http import requires
+from services.common.http import read_capped, requires
 from services.common.promnames import sensor_name
 from services.common.readings import Batch
 from services.common.tasks import wait_for
@@ -330,7 +330,7 @@ def router(agent: CollectAgent) -> APIRouter:
         except TimeoutError:
             return _unavailable("spool full (storage behind); retry later")
         limit = agent.settings.max_payload_bytes
-        body = await _read(request, limit)
+        body = await read_capped(request, limit)
         if body is None:
             ing.reject(
                 None, "too_large", f"remote write from {request.client}: body over {limit} bytes"
@@ -368,17 +368,3 @@ def router(agent: CollectAgent) -> APIRouter:
 
 def _unavailable(message: str) -> Response:
     return JSONResponse({"error": message}, status_code=503, headers={"Retry-After": "5"})
-
-
-async def _read(request: Request, limit: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

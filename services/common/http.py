@@ -29,6 +29,7 @@ from services.common.auth import (
     token_from_headers,
 )
 from services.common.errors import KelvinError, NotFoundError, RetryableStorageError, StorageError
+from services.common.fdlimits import connection_cap, quiet_accept_errors, raise_nofile_limit
 from services.common.http_limits import HttpLimits, guarded_protocol
 from services.common.logs import RateLimitedLog, mask_url
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
@@ -224,22 +225,33 @@ class HttpServer:
         self.requested_port = port
         self.access_log = access_log
         self.limits = limits or HttpLimits()
-        self.timeouts = (
-            metrics.counter(
+        self.timeouts = self.refused = self.accept_errors = None
+        if metrics is not None:
+            self.timeouts = metrics.counter(
                 "http_timeouts_total",
                 "Connections closed because a request's headers or body arrived too slowly",
                 ["phase"],
             )
-            if metrics is not None
-            else None
-        )
+            self.refused = metrics.counter(
+                "http_connections_refused_total",
+                "Connections answered 503 and closed: over the connection cap",
+            )
+            self.accept_errors = metrics.counter(
+                "http_accept_errors_total",
+                "accept() failures for lack of file descriptors or memory",
+                ["error"],
+            )
+        self.max_connections: int | None = None
         self.port: int | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        _, nofile = raise_nofile_limit()
+        self.max_connections = connection_cap(self.limits.max_connections, nofile)
         sock = bind_tcp(self.host, self.requested_port, self.what, self.flag)
         self.port = bound_port(sock)
+        quiet_accept_errors(sock, self.what, self._accept_failed)
         config = uvicorn.Config(
             _QuietDisconnects(self.app),
             log_config=None,
@@ -250,7 +262,9 @@ class HttpServer:
             # No Kelvin API speaks WebSocket; "auto" would import a library (~3 MB
             # of RSS) on every compute node's pusher.
             ws="none",
-            http=guarded_protocol(self.limits, self._timed_out),
+            http=guarded_protocol(
+                self.limits, self._timed_out, self.max_connections, self._refused
+            ),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(
@@ -266,6 +280,19 @@ class HttpServer:
     @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
+
+    def _refused(self) -> None:
+        if self.refused is not None:
+            self.refused.inc()
+        _timeout_log.warning(
+            f"refused:{self.what}",
+            "%s: %d connections open: refused another with 503",
+            self.what, self.max_connections,
+        )  # fmt: skip
+
+    def _accept_failed(self, error: str) -> None:
+        if self.accept_errors is not None:
+            self.accept_errors.labels(error).inc()
 
     def _timed_out(self, phase: str) -> None:
         if self.timeouts is not None:
@@ -293,6 +320,21 @@ class HttpServer:
         self._server = None
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+async def read_capped(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it passes ``limit`` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def health_router(metrics: ServiceMetrics, ready: ReadyCheck | None = None) -> APIRouter:

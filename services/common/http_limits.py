@@ -11,7 +11,8 @@ holds its connection, its buffers and (with ``limit_concurrency``) a slot foreve
   connection is closed and the handler sees the client gone.
 
 While the application works on a request no deadline runs (long queries are fine).
-Each expiry calls ``on_timeout(phase)`` (counted and logged by the caller).
+Each expiry calls ``on_timeout(phase)`` (counted and logged by the caller). Connections
+beyond a cap are answered ``503`` and closed as they arrive (``on_refused``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class HttpLimits:
     """A request's headers must arrive within this time of its first byte."""
     body_timeout_s: float = 120.0
     """A request's body must arrive within this time of its headers (256 MB at 2 MB/s)."""
+    max_connections: int = 4096
+    """Open connections beyond this (and beyond the descriptor limit less a margin, see
+    :mod:`services.common.fdlimits`) get a ``503`` and are closed at once."""
 
 
 def _response_408() -> bytes:
@@ -43,10 +47,24 @@ def _response_408() -> bytes:
     )
 
 
+def _response_503() -> bytes:
+    body = b"too many open connections: try again\n"
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"retry-after: 1\r\ncontent-length: " + str(len(body)).encode() + b"\r\n"
+        b"connection: close\r\n\r\n" + body
+    )
+
+
 def guarded_protocol(
-    limits: HttpLimits, on_timeout: Callable[[str], None]
+    limits: HttpLimits,
+    on_timeout: Callable[[str], None],
+    max_connections: int | None = None,
+    on_refused: Callable[[], None] = lambda: None,
 ) -> type[asyncio.Protocol] | str:
-    """uvicorn's ``http`` protocol class with read deadlines (``"auto"`` without httptools)."""
+    """uvicorn's ``http`` protocol class with read deadlines and a connection cap
+    (``max_connections``, default ``limits.max_connections``; ``"auto"`` without httptools)."""
+    cap = limits.max_connections if max_connections is None else max_connections
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn[standard] brings httptools; without it, no deadlines
@@ -78,6 +96,13 @@ def guarded_protocol(
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            if len(self.connections) > cap:
+                # Refused at once, so that a flood of idle connections cannot take the
+                # descriptors storage, the spool and the logs need.
+                on_refused()
+                transport.write(_response_503())
+                transport.close()
+                return
             self._arm("headers", limits.header_timeout_s)
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -209,16 +209,27 @@ async def test_calibrate_over_http_and_apply_to_a_running_allocator(tmp_path: Pa
         np.testing.assert_allclose(live, written, rtol=1e-6, atol=1e-12)
         assert allocator.core.model_meta["source"] == "kelvin allocator calibrate"
         assert not np.allclose(live, hall.d_matrix)
-        # the same fit sparse, each row on its neighbourhood: written as a sparse hall file
-        keep = argv.index("--apply")
-        argv[keep:] = ["--local", "4,1", "--json"]
+        # the same fit sparse, each row on its neighbourhood: a sparse hall file, and applied
         argv[argv.index("--out") + 1] = str(tmp_path / "local.yaml")
+        argv[-3:-3] = ["--local", "4,1"]
         assert await asyncio.to_thread(run_cli) == 0
         local = json.loads(out.read_text())
         assert local["known"]["d_rel_frobenius"] < 0.15 and "expected" not in local
-        assert (tmp_path / "local.D.npz").exists()
+        written_sparse = sp.load_npz(tmp_path / "local.D.npz")
+        live_sparse = allocator.core.book.model.hall.d_matrix
+        assert sp.issparse(live_sparse) and (live_sparse != written_sparse).nnz == 0
+        assert (tmp_path / "s" / "model.D.npz").exists()
+        assert not (tmp_path / "s" / "model.D.npy").exists()  # the dense fit it replaced
     finally:
         await allocator.stop()
+    restarted = create_service(cfg)  # the sparse D is what a restart makes live again
+    await restarted.start()
+    try:
+        again = restarted.core.book.model.hall.d_matrix
+        assert sp.issparse(again) and (again != written_sparse).nnz == 0
+        assert restarted.core.model_meta["fit"]["samples"] == local["samples"]
+    finally:
+        await restarted.stop()
         await query.stop()
 
 

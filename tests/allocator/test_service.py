@@ -14,7 +14,9 @@ import aiomqtt
 import httpx
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
+from services.allocator import model_wire as wire
 from services.allocator.app import AllocatorService, create_service
 from services.allocator.engine import Allocator
 from services.allocator.jobs import Job
@@ -393,6 +395,51 @@ async def test_policy_and_model_endpoints_validate(service: Running) -> None:
     await http.delete("/api/v1/hall/model")
     assert (await http.get("/api/v1/hall")).json()["totals"]["max_tin_c"] == pytest.approx(base)
     assert await service.metric('kelvin_allocator_rejected_requests_total{reason="model"}') == 2
+
+
+async def test_a_sparse_model_goes_live_and_comes_back_in_every_form(
+    service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http = service.http
+    d = sp.csr_matrix(reference_hall().d_matrix * 2)
+    base = (await http.get("/api/v1/hall")).json()["totals"]["max_tin_c"]
+    for form in ("coo", "npz"):
+        put = await http.put("/api/v1/hall/model", json={**wire.encode(d, form), "source": form})
+        assert put.status_code == 200, put.text
+        live = service.svc.core.book.model.hall.d_matrix
+        assert sp.issparse(live) and (live != d).nnz == 0
+        doubled = (await http.get("/api/v1/hall")).json()
+        assert doubled["totals"]["max_tin_c"] - 15 == pytest.approx(2 * (base - 15))
+    got = (await http.get("/api/v1/hall/model")).json()  # sparse: triplets by default
+    assert got["source"] == "npz" and set(got) >= {"d_coo", "updated_ns"}
+    for form in ("coo", "npz", "dense"):
+        doc = (await http.get("/api/v1/hall/model", params={"form": form})).json()
+        back = wire.decode(wire.ModelIn(**{k: v for k, v in doc.items() if k[:2] == "d_"}), 40)
+        assert np.array_equal(back.toarray() if sp.issparse(back) else back, d.toarray())
+    bad = d.copy()
+    bad.data[0] = np.nan
+    nan = await http.put("/api/v1/hall/model", json=wire.encode(bad, "npz"))
+    assert nan.status_code == 422 and "non-finite" in nan.json()["detail"]
+    bad.data[0] = -1.0
+    negative = await http.put("/api/v1/hall/model", json=wire.encode(bad, "coo"))
+    assert negative.status_code == 422 and "non-negative" in negative.json()["detail"]
+    both = await http.put("/api/v1/hall/model", json={"d_matrix": [[0.0]], "d_npz": ""})
+    assert both.status_code == 422 and "exactly one form" in both.json()["detail"]
+    monkeypatch.setattr(wire, "MAX_BODY_BYTES", 1000)
+    big = await http.put("/api/v1/hall/model", json=wire.encode(d, "coo"))
+    assert big.status_code == 413
+
+    async def chunks() -> AsyncIterator[bytes]:  # no content-length: the stream is cut off
+        for _ in range(10):
+            yield b" " * 500
+
+    streamed = await http.put("/api/v1/hall/model", content=chunks())
+    assert streamed.status_code == 413
+    assert (live != d).nnz == 0 and service.svc.core.book.model.hall.d_matrix is live
+    assert await service.metric('kelvin_allocator_rejected_requests_total{reason="model"}') == 4
+    assert (
+        await service.metric('kelvin_allocator_rejected_requests_total{reason="validation"}') == 1
+    )
 
 
 async def test_bad_requests_are_precise_and_counted(service: Running) -> None:

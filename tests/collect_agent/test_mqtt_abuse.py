@@ -183,7 +183,9 @@ async def test_descriptor_limit_raised_connections_capped_emfile_logged_once(
             text = (await http.get(f"{base}/metrics")).text
         log = proc.log.read_text()
         assert metric(text, "mqtt_accept_errors_total", errno="EMFILE") >= 1
-        assert log.count("cannot accept connections") == 1
+        assert log.count("MQTT: cannot accept connections") == 1
+        # the agent's HTTP listener may run out too: one line of its own, no traceback
+        assert log.count("cannot accept connections") <= 2 and "Traceback" not in log
         assert log.count("accepting connections again") == 1
     finally:
         for w in held:

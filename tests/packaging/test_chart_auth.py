@@ -78,6 +78,33 @@ def test_network_policies_are_on_by_default(default: Rendered) -> None:
     assert pusher["ingress"] == [] and "Egress" in pusher["policyTypes"]
 
 
+def test_the_slurm_bridge_gets_a_network_policy_that_names_its_peers(
+    chart: ChartRenderer,
+) -> None:
+    bridge = {
+        "enabled": True,
+        "slurmrestdUrl": "http://slurm-ctl:6820",
+        "jwt": {"value": "eyJhbGciOi"},
+        "nodeNames": "n[01-40]",
+        "wakePort": 8085,
+    }
+    ports = ["http", "wake"]
+    open_ = chart.render({"slurmBridge": bridge}, "bridge-open")
+    rules = open_.get("NetworkPolicy", "kelvin-slurm-bridge")["spec"]["ingress"]
+    assert [(r["ports"][0]["port"], r["ports"][0]["protocol"]) for r in rules] == [
+        ("http", "TCP"),
+        ("wake", "UDP"),
+    ]
+    assert all("from" not in r for r in rules), "slurmctld's address is not known: any source"
+    ctl = [{"ipBlock": {"cidr": "10.0.0.5/32"}}]
+    shut = chart.render(
+        {"slurmBridge": bridge, "networkPolicy": {"slurmBridgeFrom": ctl}}, "bridge-shut"
+    )
+    rules = shut.get("NetworkPolicy", "kelvin-slurm-bridge")["spec"]["ingress"]
+    assert [r["ports"][0]["port"] for r in rules] == ports
+    assert [r["from"] for r in rules] == [ctl, ctl]
+
+
 def test_auth_mode_none_warns_in_notes_and_renders_no_tokens(chart: ChartRenderer) -> None:
     r = chart.render({"auth": {"mode": "none"}}, "insecure")
     assert "WARNINGS" in r.notes and 'auth.mode is "none"' in r.notes

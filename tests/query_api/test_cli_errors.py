@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from services.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
+from services.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from services.common.auth import Role
-from tests.query_api.conftest import T0, Api
+from services.query_api.app import create_service
+from tests.query_api.conftest import T0, Api, admin_client, make_config
 from tests.support.auth import TOKENS
 
 
@@ -92,3 +94,35 @@ async def test_redefining_a_virtual_sensor_needs_force(api: Api, kelvin) -> None
     assert "virtual sensor '/a/v' exists: \"/a/p\" * 2" in err and "pass --force" in err
     rc, out, _ = await kelvin(*define, '"/a/p" * 3', "--force")
     assert rc == 0 and '"/a/p" * 3' in out
+
+
+async def test_redefining_a_configured_virtual_sensor_says_it_comes_back_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: the demo's /hall/pue is configured; redefining it asks for
+    --force and says the next start defines it again as configured."""
+    pue = {"/hall/pue": {"expression": '"/hall/total" / "/hall/it"', "unit": ""}}
+    svc = create_service(make_config(tmp_path, virtual_sensors=pue, virtual_retry_s=0.05))
+    await svc.start()
+    try:
+        async with admin_client(svc.port, timeout=30) as c:
+            api = Api(svc, c)
+            await api.write("/hall/total", [0, 1], [150.0, 160.0], unit="kW")
+            await api.write("/hall/it", [0, 1], [100.0, 110.0], unit="kW")
+            for _ in range(600):  # the configured definition, retried until its inputs exist
+                shown = await c.get("/api/v1/virtual/hall/pue")
+                if shown.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert shown.status_code == 200 and shown.json()["configured"] is True
+            monkeypatch.setenv("KELVIN_QUERY_API_URL", api.url)
+            monkeypatch.setenv("KELVIN_QUERY_API_TOKEN", TOKENS[Role.ADMIN])
+            define = ["config", "sensor", "virtual", "define", "/hall/pue", '"/hall/it" * 2']
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, define) == 1
+            err = capsys.readouterr().err
+            assert "virtual sensor '/hall/pue' exists" in err and "pass --force" in err
+            assert "it is configured" in err and "defines it again as configured" in err
+            assert await asyncio.to_thread(main, [*define, "--force"]) == 0
+    finally:
+        await svc.stop()

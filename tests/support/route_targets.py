@@ -54,6 +54,13 @@ target("allocator")(
         lambda d: {"allocator": {"host": "127.0.0.1", "state_dir": str(d / "allocator")}},
     )
 )
+target("slurm-bridge")(
+    _service_target(
+        "services.slurm_bridge.app",
+        # no Slurm is reached: the walk only talks to the bridge's HTTP app
+        lambda d: {"slurm_bridge": {"host": "127.0.0.1", "token": "unused-slurm-jwt"}},
+    )
+)
 
 
 @target("pusher")

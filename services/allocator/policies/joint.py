@@ -24,8 +24,9 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
-from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at, shell_scores
+from services.allocator.policies.mc1x1 import Fills, ShellHeat, allocation_at
 from services.allocator.policies.mpit import Mpit, peak_after
+from services.allocator.policies.shells import shell_scores
 
 INCREMENTAL_MIN_NODES = 256
 """From this job size on, a centre's peak is the previous allocation's inlets plus the nodes
@@ -41,13 +42,13 @@ class _Peaks:
         self.tin: Float64Array | None = None
 
     def of(self, nodes: IntArray) -> float:
-        d = self.view.model.d_csc
+        model = self.view.model
         if self.nodes is None or self.tin is None:
-            tin = self.view.inlet_c + d[:, nodes] @ self.rise[nodes]
+            tin = self.view.inlet_c + model.inlet_rise(nodes, self.rise)
         else:
             add = np.setdiff1d(nodes, self.nodes, assume_unique=True)
             drop = np.setdiff1d(self.nodes, nodes, assume_unique=True)
-            tin = self.tin + d[:, add] @ self.rise[add] - d[:, drop] @ self.rise[drop]
+            tin = self.tin + model.inlet_rise(add, self.rise) - model.inlet_rise(drop, self.rise)
         self.nodes, self.tin = nodes, tin
         return float(tin.max())
 

@@ -24,7 +24,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 import scipy.sparse as sp
 
 from services.allocator.communication import distance_matrix, distance_sums
@@ -37,6 +36,7 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
+from services.allocator.policies.shells import shell_scores
 
 GREEDY_WORK_LIMIT = 250_000
 """A greedy fill costs ``need x shell`` distance updates; above this (big jobs on big halls)
@@ -65,8 +65,8 @@ class ShellHeat:
         """Every inlet once ``inner`` is busy (absent nodes at -inf)."""
         key = inner.tobytes()
         if self._base is None or self._base[0] != key:
-            d = self.view.model.d_csc
-            self._base = (key, self.view.inlet_c + d[:, inner] @ self.rise[inner])
+            rise = self.view.model.inlet_rise(inner, self.rise)
+            self._base = (key, self.view.inlet_c + rise)
         return self._base[1]
 
     def add_many(self, base: Float64Array, shell: IntArray, nodes: IntArray) -> None:
@@ -87,7 +87,8 @@ class ShellHeat:
         """The shell's heat columns (D's columns times each node's power rise), once per shell."""
         key = shell.tobytes()
         if self._cols is None or self._cols[0] != key:
-            heat = sp.csc_matrix(self.view.model.d_csc[:, shell] @ sp.diags(self.rise[shell]))
+            heat = self.view.model.d_csc[:, shell]  # a copy, scaled in place
+            heat.data *= np.repeat(self.rise[shell], np.diff(heat.indptr))
             self._cols = (key, heat)
         return self._cols[1]
 
@@ -215,25 +216,35 @@ def _greedy_fill(to_inner: Float64Array, among: Float64Array, need: int, heat: H
     added = to_inner.copy()
     taken: list[int] = []
     pending: list[int] = []  # taken since the tie-breaker's inlets were last brought up to date
-    if heat is not None:
-        h, inner, shell = heat
-        base = h.base(inner).copy()
+    base: Float64Array | None = None  # the tie-breaker's inlets, from the first tie on
+    # whole distances (integer weights) stay whole numbers far below 2^53 / 1e9, which
+    # round(·, 9) returns unchanged: then the costs need no rounding at every step
+    whole = _whole(added) and _whole(among)
+    whole = whole and float(added.max() + need * among.max()) < 1e6
     for _ in range(need):
-        cost = np.round(added, 9)  # taken nodes are at inf
-        best = np.flatnonzero(cost == cost.min())
-        j = int(best[0])
-        if heat is not None and len(best) > 1:
-            if pending:
-                h.add_many(base, shell, np.array(pending))
-                pending.clear()
-            best = best[: ShellHeat.MAX_TIES]
-            peaks = h.peaks_on(base, shell, best[:, None])
-            j = int(best[int(np.argmin(np.round(peaks / PEAK_TOLERANCE_C)))])
+        cost = added if whole else np.round(added, 9)  # taken nodes are at inf
+        j = int(cost.argmin())  # the first of the cheapest
+        if heat is not None:
+            best = np.flatnonzero(cost == cost[j])
+            if len(best) > 1:
+                h, inner, shell = heat
+                if base is None:
+                    base = h.base(inner).copy()
+                if pending:
+                    h.add_many(base, shell, np.array(pending))
+                    pending.clear()
+                best = best[: ShellHeat.MAX_TIES]
+                peaks = h.peaks_on(base, shell, best[:, None])
+                j = int(best[int(np.argmin(np.round(peaks / PEAK_TOLERANCE_C)))])
         taken.append(j)
         pending.append(j)
         added += among[j]
         added[j] = np.inf
     return np.sort(np.array(taken, dtype=np.int64))
+
+
+def _whole(values: Float64Array) -> bool:
+    return bool(np.array_equal(values, np.floor(values)))
 
 
 def _nearest_fill(to_inner: Float64Array, need: int, heat: Heat) -> IntArray:
@@ -261,50 +272,6 @@ def _combinations(size: int, need: int) -> IntArray:
     combos = np.array(list(itertools.combinations(range(size), need)), dtype=np.int64)
     combos.flags.writeable = False
     return combos
-
-
-def shell_scores(
-    model: HallModel, free: IntArray, n: int, centres: IntArray | None = None
-) -> npt.NDArray[np.int64]:
-    """Each centre's MC1x1 score: the sum of its ``n`` smallest shell indices to free nodes
-    (``centres``: the free nodes unless given).
-
-    ``Σ_j s_j = Σ_{k >= 0} (n - min(n, c_k))`` with ``c_k`` the free nodes within
-    shell k, a box in (row, rack, slot): counted from 3-D prefix sums, for all
-    centres at once, k growing until every centre has its n. O(N · max shell)
-    instead of the free x free shell matrix (400 MB at 10,000 nodes).
-    """
-    hall = model.hall
-    shape = (hall.rows, hall.racks, hall.slots)
-    grid = np.zeros(model.n, dtype=np.int64)
-    grid[free] = 1
-    prefix = np.zeros(tuple(x + 1 for x in shape), dtype=np.int64)
-    prefix[1:, 1:, 1:] = grid.reshape(shape).cumsum(0).cumsum(1).cumsum(2)
-    flat = prefix.ravel()
-    stride_r, stride_c = (shape[1] + 1) * (shape[2] + 1), shape[2] + 1
-    # the same ceil(inter_row_distance * |Δrow|) as HallModel.shell_dist, so counts agree exactly
-    row_shell = np.ceil(hall.inter_row_distance * np.abs(np.arange(shape[0])))
-    pos = model.pos[free if centres is None else centres]
-    score = np.zeros(len(pos), dtype=np.int64)
-    active = np.arange(len(pos))
-    k = 0
-    while active.size:
-        p = pos[active]
-        dr = int((row_shell <= k).sum()) - 1
-        lo = [np.maximum(p[:, 0] - dr, 0), np.maximum(p[:, 1] - k, 0), np.maximum(p[:, 2] - k, 0)]
-        hi = [np.minimum(p[:, a] + d + 1, shape[a]) for a, d in enumerate((dr, k, k))]
-        count = np.zeros(len(active), dtype=np.int64)
-        for cr in (0, 1):
-            for cc in (0, 1):
-                for cs in (0, 1):
-                    idx = (hi[0] if cr else lo[0]) * stride_r
-                    idx = idx + (hi[1] if cc else lo[1]) * stride_c + (hi[2] if cs else lo[2])
-                    # + for an odd number of upper corners, - for an even one
-                    count += flat[idx] if (cr + cc + cs) % 2 else -flat[idx]
-        score[active] += n - np.minimum(count, n)
-        active = active[count < n]
-        k += 1
-    return score
 
 
 Fills = dict[tuple[bytes, bytes], IntArray]

@@ -36,7 +36,6 @@ keys), scanning only D's non-zeros. Runner-ups are the best single swaps
 
 from __future__ import annotations
 
-import heapq
 import time
 from typing import Any
 
@@ -52,6 +51,7 @@ from services.allocator.policies.base import (
     distinct,
     register,
 )
+from services.allocator.policies.mpit_greedy import greedy_positions
 from services.allocator.policies.mpit_milp import solve_milp
 from services.allocator.policies.mpit_search import Problem, Reduced, layered_search, reduce
 
@@ -63,45 +63,59 @@ SWAP_IN_LIMIT = 64
 
 def total_rise_mk(view: View, rise: Float64Array, nodes: IntArray) -> Float64Array:
     """q_j: total inlet rise over present nodes caused by node j joining, in whole mK."""
-    colsum = np.asarray(view.model.d_csc[:, nodes].sum(axis=0)).ravel()
-    return np.floor(1000.0 * colsum * rise[nodes])
+    return np.floor(1000.0 * view.model.col_sums[nodes] * rise[nodes])
 
 
 def peak_after(view: View, rise: Float64Array, nodes: IntArray) -> float:
     """max Tin over present nodes once ``nodes`` draw the job's power."""
-    tin = view.inlet_c + view.model.d_csc[:, nodes] @ rise[nodes]
+    tin = view.inlet_c + view.model.inlet_rise(nodes, rise)
     return float(tin.max())
 
 
 class _Columns:
-    """D's columns of the free nodes, scaled by their power rise, for O(nnz) peak scans."""
+    """D's columns scaled by each node's power rise, for O(nnz) peak scans of the free nodes.
+
+    Kept in D's own layout (column j is node j; busy nodes' columns are there but
+    never asked), in arrays the model lends to one decision at a time.
+    """
 
     def __init__(self, view: View, rise: Float64Array) -> None:
+        model = view.model
+        d = model.d_csc
         self.free = view.free_idx
-        cols = view.model.d_csc[:, self.free].tocsc()
-        cols.sort_indices()
-        self.indptr, self.indices = cols.indptr, cols.indices
-        self.data = cols.data * np.repeat(rise[self.free], np.diff(self.indptr))
-        self.nonempty = np.diff(self.indptr) > 0
-        self.starts = self.indptr[:-1][self.nonempty]
+        self.monotone = bool(rise[self.free].min() >= 0) if self.free.size else True
+        self._data, self._work = model.scratch(self)
+        np.take(rise, model.entry_cols, out=self._data)
+        self._data *= d.data
+        self._heat = sp.csc_matrix((self._data, d.indices, d.indptr), shape=d.shape)
         self._today: Float64Array | None = None
         self.view = view
 
-    def today(self) -> Float64Array:
-        """:meth:`peaks` of today's inlets, floored at today's peak (the shortcut and greedy
-        both start from it)."""
-        if self._today is None:
-            tin = self.view.inlet_c
-            self._today = self.peaks(tin, float(tin.max()))
-        return self._today
+    @property
+    def heat(self) -> sp.csc_matrix:
+        """Column j: node j's heat into every inlet (D's column j times its power rise)."""
+        self._check()
+        return self._heat
 
-    def peaks(self, tin: Float64Array, floor: float) -> Float64Array:
-        """For each free node: the hall's peak inlet if that node alone joined (at least ``floor``)."""
-        out = np.full(len(self.free), floor)
-        if self.data.size:
-            tops = np.maximum.reduceat(tin[self.indices] + self.data, self.starts)
-            out[self.nonempty] = np.maximum(floor, tops)
-        return out
+    def _check(self) -> None:
+        if not self.view.model.lent_to(self):
+            raise RuntimeError("MPIT's columns of an earlier decision were reused by another")
+
+    def today(self) -> Float64Array:
+        """For each free node: the hall's peak inlet if that node alone joined, floored at
+        today's peak (the shortcut and greedy both start from it)."""
+        if self._today is None:
+            self._check()
+            model, tin = self.view.model, self.view.inlet_c
+            floor = float(tin.max())
+            out = np.full(model.n, floor)
+            cols, starts = model.nonempty_cols
+            if cols.size:
+                values = np.take(tin, model.d_csc.indices, out=self._work)
+                values += self._data
+                out[cols] = np.maximum(floor, np.maximum.reduceat(values, starts))
+            self._today = out[self.free]
+        return self._today
 
 
 def _cheapest_within(
@@ -226,45 +240,17 @@ def solve_exact(
 def greedy(view: View, rise: Float64Array, n: int) -> IntArray:
     """Add, n times, the free node that raises the peak least (ties: least total rise, index).
 
-    Lazy evaluation: a node's candidate peak can only grow as the job grows,
-    so stale heap keys are lower bounds; a popped node whose recomputed key is
-    unchanged is the true minimum. Each step touches a few columns, not all.
+    A lazy heap's order (a node's candidate peak only grows as the job grows,
+    so stale keys are lower bounds), with the steps that leave the peak where
+    it is taken in numpy chunks: :mod:`.mpit_greedy`.
     """
     cols = _columns(view, rise)
-    free, indptr, indices, data = cols.free, cols.indptr, cols.indices, cols.data
-    q = _free_rise_mk(view, rise)
-    tin = view.inlet_c.copy()
-    peak = float(tin.max())
-    start = np.round(cols.today(), 9)
-    # Heap entries (key, rank): rank orders the ties by (total rise, index), so two-element
-    # tuples compare as the four-element (key, q, index, position) did, only faster.
-    by_rank = np.lexsort((free, q))
-    rank = np.empty(len(free), dtype=np.int64)
-    rank[by_rank] = np.arange(len(free))
-    heap = list(zip(start.tolist(), rank.tolist(), strict=True))
-    heapq.heapify(heap)
-    bounds = indptr.tolist()
-    position = by_rank.tolist()
-    node = free.tolist()
-    pop, push = heapq.heappop, heapq.heappush
-    chosen: list[int] = []
-    while len(chosen) < n:
-        key, r = pop(heap)
-        j = position[r]
-        a, b = bounds[j], bounds[j + 1]
-        if b > a:
-            rows, heat = indices[a:b], data[a:b]
-            fresh = round(max(peak, float((tin[rows] + heat).max())), 9)
-        else:
-            fresh = round(peak, 9)
-        if fresh > key:
-            push(heap, (fresh, r))
-            continue
-        if b > a:
-            tin[rows] += heat
-        peak = max(peak, fresh)
-        chosen.append(node[j])
-    return np.sort(np.array(chosen, dtype=np.int64))
+    by_rank = np.lexsort((cols.free, _free_rise_mk(view, rise)))
+    today = cols.today()
+    picks = greedy_positions(
+        cols.heat, cols.free, view.inlet_c.copy(), today, by_rank, n, cols.monotone
+    )
+    return np.sort(cols.free[np.array(picks, dtype=np.int64)])
 
 
 def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) -> list[IntArray]:
@@ -279,7 +265,7 @@ def swap_runner_ups(view: View, rise: Float64Array, chosen: IntArray, k: int) ->
     outside = np.setdiff1d(view.free_idx, chosen)
     if outside.size == 0:
         return []
-    tin = view.inlet_c + d[:, chosen] @ rise[chosen]
+    tin = view.inlet_c + view.model.inlet_rise(chosen, rise)
     hot = int(np.argmax(tin))
     hot_row = np.asarray(view.model.d_csr[hot, chosen].toarray()).ravel()
     outs = chosen[np.argsort(-hot_row * rise[chosen], kind="stable")][:SWAP_OUT_LIMIT]

@@ -213,6 +213,11 @@ class StorageBackend(ABC):
     ) -> list[JobRecord]:
         """Jobs overlapping ``[start_ns, end_ns)`` (running jobs overlap any later time)."""
 
+    @abstractmethod
+    async def get_job(self, job_id: str, domain_id: str = "default") -> JobRecord | None:
+        """One job by (domain_id, job_id), as :meth:`jobs` gives it, or None; found by its
+        key, not by reading every job."""
+
     # ------------------------------------------------------------------ retention
     @abstractmethod
     async def delete_range(self, sensor: str, start_ns: int, end_ns: int) -> int:

@@ -34,6 +34,7 @@ class Catalog(Protocol):
     async def jobs(
         self, start_ns: int | None, end_ns: int | None, node: str | None
     ) -> list[JobRecord]: ...
+    async def get_job(self, job_id: str, domain_id: str) -> JobRecord | None: ...
 
 
 C = TypeVar("C", bound=Catalog)
@@ -91,3 +92,6 @@ class CatalogMethods(Generic[C]):
         self, start_ns: int | None = None, end_ns: int | None = None, node: str | None = None
     ) -> list[JobRecord]:
         return await self.catalog.jobs(start_ns, end_ns, node)
+
+    async def get_job(self, job_id: str, domain_id: str = "default") -> JobRecord | None:
+        return await self.catalog.get_job(job_id, domain_id)

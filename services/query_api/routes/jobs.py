@@ -67,9 +67,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get("/jobs/{job_id}", dependencies=[requires(Role.READ)], responses={404: {}})
     async def job(job_id: str, domain: str = Query("default")) -> dict[str, Any]:
         """One job's energy (IT and attributed cooling), duration, nodes and peak inlet."""
-        for rec in await ctx.storage.jobs():
-            if rec.job_id == job_id and rec.domain_id == domain:
-                return await account(ctx.storage, rec, accounting_config(ctx), times.now_ns())
-        raise NotFoundError(f"no job {job_id!r} (domain {domain!r}) in the stored job data")
+        rec = await ctx.storage.get_job(job_id, domain)
+        if rec is None:
+            raise NotFoundError(f"no job {job_id!r} (domain {domain!r}) in the stored job data")
+        return await account(ctx.storage, rec, accounting_config(ctx), times.now_ns())
 
     return r

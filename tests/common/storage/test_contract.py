@@ -347,6 +347,26 @@ async def test_jobs_start_then_end(backend: StorageBackend) -> None:
     assert [j.job_id for j in await backend.jobs(T0 + 50 * S, T0 + 550 * S)] == ["42", "43"]
 
 
+async def test_one_job_by_its_key(backend: StorageBackend) -> None:
+    """get_job gives the record jobs() gives (start and end merged), per domain, or None."""
+    await backend.put_job(JobRecord(job_id="7", user_id="ada", start_ns=T0, nodes=("/n/1",)))
+    await backend.put_job(JobRecord(job_id="7", domain_id="slurm", start_ns=T0 + S))
+    await backend.put_job(JobRecord(job_id="70", start_ns=T0 + 2 * S))
+    running = await backend.get_job("7")
+    assert running is not None and running.running and running.nodes == ("/n/1",)
+    await backend.put_job(JobRecord(job_id="7", start_ns=0, end_ns=T0 + 100 * S))
+    (listed,) = [j for j in await backend.jobs() if (j.domain_id, j.job_id) == ("default", "7")]
+    assert await backend.get_job("7") == listed
+    assert listed.end_ns == T0 + 100 * S and listed.user_id == "ada"
+    other = await backend.get_job("7", "slurm")
+    assert other is not None and other.start_ns == T0 + S and other.running
+    assert await backend.get_job("8") is None and await backend.get_job("7", "none") is None
+    assert await backend.get_job("7 ") is None  # the exact id, not a prefix or a pattern
+    odd = JobRecord(job_id="a'b\\c\"d", domain_id="x y", start_ns=T0)
+    await backend.put_job(odd)
+    assert await backend.get_job("a'b\\c\"d", "x y") == odd
+
+
 async def test_latest_unknown_and_read_many(backend: StorageBackend) -> None:
     assert await backend.latest("/l/x") is None
     assert len(await backend.read("/l/x", 0, 2**62)) == 0

@@ -245,6 +245,10 @@ class Catalog:
             for r in found
         ]
 
+    async def get_job(self, job_id: str, domain_id: str) -> JobRecord | None:
+        found = await self._jobs(f"domain_id = {literal(domain_id)} AND job_id = {literal(job_id)}")
+        return found[0] if found else None
+
     async def put_job(self, job: JobRecord) -> None:
         old = await self._jobs(
             f"domain_id = {literal(job.domain_id)} AND job_id = {literal(job.job_id)}"

@@ -281,11 +281,19 @@ class InfluxCatalog:
             for _, r in rows(res)
         ]
 
-    async def put_job(self, job: JobRecord) -> None:
-        key = (
-            f'"domain_id" = {string_literal(tag_value(job.domain_id))} '
-            f'AND "job_id" = {string_literal(tag_value(job.job_id))}'
+    @staticmethod
+    def _job_key(domain_id: str, job_id: str) -> str:
+        return (
+            f'"domain_id" = {string_literal(tag_value(domain_id))} '
+            f'AND "job_id" = {string_literal(tag_value(job_id))}'
         )
+
+    async def get_job(self, job_id: str, domain_id: str) -> JobRecord | None:
+        found = await self._job_rows(f" WHERE {self._job_key(domain_id, job_id)}")  # by its tags
+        return found[-1] if found else None
+
+    async def put_job(self, job: JobRecord) -> None:
+        key = self._job_key(job.domain_id, job.job_id)
         old = await self._job_rows(f" WHERE {key}")
         start, user, nodes = job.start_ns, job.user_id, list(job.nodes)
         if old:

@@ -405,6 +405,9 @@ class SqliteStorage(StorageBackend):
     ) -> list[JobRecord]:
         return await self._read("jobs", lambda c: cat.jobs(c, start_ns, end_ns, node))
 
+    async def get_job(self, job_id: str, domain_id: str = "default") -> JobRecord | None:
+        return await self._read("get_job", lambda c: cat.get_job(c, job_id, domain_id))
+
     # ------------------------------------------------------------------ retention
     def _delete(self, con: sqlite3.Connection, targets: Sequence[tuple[str, int, int]]) -> int:
         self.store.compact(con)  # staged rows hold many sensors: move them into chunks first

@@ -93,6 +93,24 @@ def put_job(con: sqlite3.Connection, job: JobRecord) -> None:
     )
 
 
+def get_job(con: sqlite3.Connection, job_id: str, domain_id: str) -> JobRecord | None:
+    row = con.execute(  # the primary key (domain_id, job_id)
+        "SELECT user_id, start_ns, end_ns, nodes FROM jobs WHERE domain_id=? AND job_id=?",
+        (domain_id, job_id),
+    ).fetchone()
+    if row is None:
+        return None
+    u, s, e, n = row
+    return JobRecord(
+        domain_id=domain_id,
+        job_id=job_id,
+        user_id=u or "",
+        start_ns=s,
+        end_ns=e,
+        nodes=tuple(json.loads(n)),
+    )
+
+
 def jobs(
     con: sqlite3.Connection, start_ns: int | None, end_ns: int | None, node: str | None
 ) -> list[JobRecord]:
