@@ -13,7 +13,6 @@ write). A format supplies only ``decode(body) -> Decoded``; it raises
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from fastapi.responses import JSONResponse
 
 from services.collect_agent.spool import SpoolError
 from services.common.readings import Batch
+from services.common.tasks import wait_for
 
 if TYPE_CHECKING:
     from services.collect_agent.ingest import Ingestor
@@ -91,8 +91,8 @@ async def ingest(
             headers={"Retry-After": "5"},
         )
     try:
-        if ing.paused:  # wait_for costs a task: only when there is something to wait for
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
+        if ing.paused:  # only when there is something to wait for
+            await wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
     except TimeoutError:
         return JSONResponse(
             {"error": "spool full (storage behind); retry later"},

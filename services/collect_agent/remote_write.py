@@ -19,7 +19,6 @@ by numpy.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import struct
 import time
@@ -38,6 +37,7 @@ from services.common.errors import SensorNameError
 from services.common.http import read_capped, requires
 from services.common.promnames import sensor_name
 from services.common.readings import Batch
+from services.common.tasks import wait_for
 
 if TYPE_CHECKING:
     from services.collect_agent.app import CollectAgent
@@ -326,7 +326,7 @@ def router(agent: CollectAgent) -> APIRouter:
         if getattr(ing, "draining", False):
             return _unavailable("the agent is shutting down; retry against another replica")
         try:
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
+            await wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
         except TimeoutError:
             return _unavailable("spool full (storage behind); retry later")
         limit = agent.settings.max_payload_bytes
