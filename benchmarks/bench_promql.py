@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import cramjam
@@ -36,7 +35,10 @@ from services.common import prompb
 from services.common.promnames import series_labels
 from services.common.readings import Batch, Series
 
-RUNS = 5
+RUNS = int(os.environ.get("BENCH_PROMQL_RUNS", "5"))
+"""Timed runs per query (``BENCH_PROMQL_RUNS``): more on a busy machine, for steadier medians."""
+ONLY_1H = os.environ.get("BENCH_PROMQL_ONLY_1H") == "1"
+"""Only the 1 h ranges and no remote write (``BENCH_PROMQL_ONLY_1H=1``): the fixed-cost rows."""
 STEP_MS = 15_000
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -88,6 +90,15 @@ def dataset(nodes: int, span_s: int, t0_ms: int) -> dict[str, tuple[np.ndarray, 
                 counts[:, j],
             )
     return out
+
+
+def dense(series: int, span_s: int, t0_ms: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Readings every second (a probe's temperature), for the functions that walk each window."""
+    rng = np.random.default_rng(43)
+    ts = (t0_ms + np.arange(0, span_s * 1000, 1000, dtype=np.int64)) * 1_000_000
+    k = ts.shape[0]
+    return {f"/dc/dense/probe{i}/temp": (ts, 24 + 3 * np.sin(np.arange(k) / 900 + i) + rng.normal(0, 0.2, k))
+            for i in range(series)}  # fmt: skip
 
 
 def openmetrics(data: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
@@ -165,6 +176,17 @@ QUERIES = [
     "max_over_time(node_power[10m])",
     "histogram_quantile(0.9, sum by (le) (rate(http_latency_seconds_bucket[5m])))",
 ]
+DENSE_QUERIES = [
+    "sum_over_time(probe_temp[1h])",
+    "avg_over_time(probe_temp[1h])",
+    "stddev_over_time(probe_temp[1h])",
+    "stdvar_over_time(probe_temp[1h])",
+    "quantile_over_time(0.9, probe_temp[1h])",
+    "holt_winters(probe_temp[1h], 0.5, 0.5)",
+    "deriv(probe_temp[1h])",
+]
+"""Functions that walk every sample of each window, over 1 s readings: 3,600 per window."""
+DENSE_RUNS = max(3, RUNS // 2)
 
 
 def _time_query(client: httpx.Client, url: str, params: dict[str, str]) -> float:
@@ -182,11 +204,13 @@ def queries(
     kel_url: str,
     end_s: float,
     ranges: list[tuple[str, int]],
+    texts: list[str],
+    runs: int = RUNS,
 ) -> list[str]:
     rows = ["| query | range | step | Prometheus ms (CPU) | Kelvin ms (CPU) | Kelvin / Prometheus |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     with httpx.Client(timeout=300) as c:
-        for q in QUERIES:
+        for q in texts:
             for label, span in ranges:
                 for step in ("15", "60"):
                     params = {
@@ -198,7 +222,7 @@ def queries(
                     p_times, k_times, p_cpu, k_cpu = [], [], 0.0, 0.0
                     _time_query(c, f"{prom_url}/api/v1/query_range", params)
                     _time_query(c, f"{kel_url}/prometheus/api/v1/query_range", params)
-                    for _ in range(RUNS):
+                    for _ in range(runs):
                         a = prom.cpu()
                         p_times.append(_time_query(c, f"{prom_url}/api/v1/query_range", params))
                         p_cpu += prom.cpu() - a
@@ -209,25 +233,128 @@ def queries(
                         k_cpu += kel.cpu() - a
                     pm, km = statistics.median(p_times) * 1e3, statistics.median(k_times) * 1e3
                     rows.append(
-                        f"| `{q}` | {label} | {step} s | {pm:.1f} ({p_cpu / RUNS * 1e3:.0f}) | "
-                        f"{km:.1f} ({k_cpu / RUNS * 1e3:.0f}) | {km / pm:.2f}x |"
+                        f"| `{q}` | {label} | {step} s | {pm:.1f} ({p_cpu / runs * 1e3:.0f}) | "
+                        f"{km:.1f} ({k_cpu / runs * 1e3:.0f}) | {km / pm:.2f}x |"
                     )
+                    print(rows[-1], file=sys.stderr, flush=True)  # progress: a long run
     return rows
 
 
 # ---------------------------------------------------------------------- remote write
+Expected = dict[tuple[tuple[str, str], ...], tuple[np.ndarray, np.ndarray]]
+"""Per series (sorted label pairs): the millisecond timestamps and values sent."""
+
+
 def write_bodies(
     series: int, samples: int, requests: int, t0_ms: int, conn: int
-) -> Iterator[bytes]:
-    """One connection's requests: its own series (so each series' samples arrive in order)."""
+) -> tuple[list[bytes], Expected]:
+    """One connection's requests (its own series, so each series' samples arrive in order)
+    and what they carry."""
     rng = np.random.default_rng(7 + conn)
     labels = [[("__name__", "node_cpu_seconds_total"), ("cpu", str(i % 16)),
                ("instance", f"host{conn}-{i // 16}:9100"), ("job", "node"), ("mode", "idle")]
               for i in range(series)]  # fmt: skip
+    bodies, sent = [], []
     for r in range(requests):
         ts = t0_ms + (r * samples + np.arange(samples, dtype=np.int64)) * 1000
-        body = prompb.write_request([(lab, ts, rng.random(samples) * 1e4) for lab in labels])
-        yield bytes(cramjam.snappy.compress_raw(body))
+        batch = [(lab, ts, rng.random(samples) * 1e4) for lab in labels]
+        sent.append(batch)
+        bodies.append(bytes(cramjam.snappy.compress_raw(prompb.write_request(batch))))
+    expected: Expected = {}
+    for i, lab in enumerate(labels):
+        expected[tuple(sorted(lab))] = (
+            np.concatenate([b[i][1] for b in sent]),
+            np.concatenate([b[i][2] for b in sent]),
+        )
+    return bodies, expected
+
+
+def _mismatch(who: str, key: object, got_ts: np.ndarray, got_vs: np.ndarray,
+              want: tuple[np.ndarray, np.ndarray], rel: float = 0.0) -> None:  # fmt: skip
+    ts, vs = want
+    same = np.array_equal(got_ts, ts) and (
+        np.array_equal(got_vs, vs) if rel == 0 else bool(np.allclose(got_vs, vs, rtol=rel, atol=0))
+    )
+    if not same:
+        raise RuntimeError(f"{who} {key}: {got_ts.shape[0]} samples stored, {ts.shape[0]} sent "
+                           "(loss, duplicates or changed values)")  # fmt: skip
+
+
+def count_kelvin(db: Path, expected: Expected) -> int:
+    """Every series read back from the agent's SQLite file, sample for sample."""
+    from services.common.promnames import sensor_name
+    from services.common.storage import open_storage
+    from services.common.storage.settings import StorageSettings
+
+    async def run() -> int:
+        st = await open_storage(StorageSettings(sqlite={"path": str(db)}))
+        found = 0
+        try:
+            names = {key: sensor_name(dict(key), "/prometheus") for key in expected}
+            stored = await st.read_many(list(names.values()), 0, 2**62)
+            for key, want in expected.items():
+                got = stored[names[key]]
+                _mismatch("Kelvin", key, got.timestamps_ns // 1_000_000, got.values, want)
+                found += len(got)
+        finally:
+            await st.close()
+        return found
+
+    return asyncio.run(run())
+
+
+def count_victoria(port: int, expected: Expected) -> int:
+    """Every series exported back (VictoriaMetrics keeps duplicates: they would show)."""
+    import json
+
+    httpx.get(f"http://127.0.0.1:{port}/internal/force_flush", timeout=60).raise_for_status()
+    r = httpx.get(f"http://127.0.0.1:{port}/api/v1/export",
+                  params={"match[]": "node_cpu_seconds_total"}, timeout=300)  # fmt: skip
+    found, seen = 0, set()
+    for line in r.text.splitlines():
+        row = json.loads(line)
+        key = tuple(sorted(row["metric"].items()))
+        order = np.argsort(np.array(row["timestamps"], np.int64), kind="stable")
+        ts = np.array(row["timestamps"], np.int64)[order]
+        # VictoriaMetrics keeps 12 significant decimal digits (measured: 1.00006e-12 relative)
+        _mismatch("VictoriaMetrics", key, ts, np.array(row["values"])[order], expected[key], 1e-11)
+        found += ts.shape[0]
+        seen.add(key)
+    if len(seen) != len(expected):
+        raise RuntimeError(f"VictoriaMetrics: {len(seen)} series stored, {len(expected)} sent")
+    return found
+
+
+def count_prometheus(port: int, expected: Expected, t0_ms: int) -> int:
+    """Every series counted and summed back by PromQL over the whole span written."""
+    last = max(int(ts[-1]) for ts, _ in expected.values())
+    span_s = (last - t0_ms) // 1000 + 2
+    at = f"{last / 1000:.3f}"
+    got: dict[tuple[tuple[str, str], ...], list[float]] = {}
+    for fn in ("count_over_time", "sum_over_time"):
+        r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", timeout=300,
+                      params={"query": f"{fn}(node_cpu_seconds_total[{span_s}s])", "time": at})  # fmt: skip
+        for res in r.json()["data"]["result"]:
+            key = tuple(sorted({**res["metric"], "__name__": "node_cpu_seconds_total"}.items()))
+            got.setdefault(key, []).append(float(res["value"][1]))
+    found = 0
+    for key, (ts, vs) in expected.items():
+        n, total = got.get(key, [0.0, 0.0])
+        if n != ts.shape[0] or not np.isclose(total, vs.sum(), rtol=1e-9):
+            raise RuntimeError(f"Prometheus {key}: {n:.0f} samples stored, {ts.shape[0]} sent")
+        found += int(n)
+    return found
+
+
+def _stored(port: int, n: int) -> None:
+    """Wait until the agent's writer has put ``n`` readings into storage."""
+    headers = {"Authorization": f"Bearer {BENCH_TOKENS['read_token']}"}
+    deadline = time.monotonic() + 300
+    while httpx.get(f"http://127.0.0.1:{port}/api/v1/stats", headers=headers,
+                    timeout=30).json()["readings_written"] < n:  # fmt: skip
+        if time.monotonic() > deadline:
+            raise TimeoutError("the agent's writer did not store every sample")
+        time.sleep(0.05)
 
 
 async def _send(url: str, per_conn: list[list[bytes]]) -> None:
@@ -278,16 +405,29 @@ def remote_write(work: Path, quick: bool) -> list[str]:
                               f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver"],
                              f"http://127.0.0.1:{port}/-/ready", d)  # fmt: skip
                 url = f"http://127.0.0.1:{port}/api/v1/write"
-            per_conn = [list(write_bodies(series, samples, requests // 4, t0, k)) for k in range(4)]
+            loads = [write_bodies(series, samples, requests // 4, t0, k) for k in range(4)]
+            per_conn = [bodies for bodies, _ in loads]
+            expected = {key: want for _, sent in loads for key, want in sent.items()}
+            n = series * samples * (requests // 4) * 4
             try:
                 c0, t = srv.cpu(), time.perf_counter()
                 asyncio.run(_send(url, per_conn))
                 wall, cpu = time.perf_counter() - t, srv.cpu() - c0
+                if name.startswith("kelvin"):
+                    _stored(port, n)
+                elif name == "victoria-metrics":
+                    found = count_victoria(port, expected)
+                else:
+                    found = count_prometheus(port, expected, t0)
             finally:
                 srv.stop()
-            n = series * samples * (requests // 4) * 4
+            if name.startswith("kelvin"):
+                found = count_kelvin(d / "k.sqlite", expected)
+            if found != n:
+                raise RuntimeError(f"{name}: {found:,} samples stored of {n:,} sent")
             rows.append(f"| {name} | {series} x {samples} | {n:,} | {wall:.2f} | {n / wall:,.0f} | "
                         f"{cpu:.2f} | {n / max(cpu, 1e-9):,.0f} |")  # fmt: skip
+            print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
@@ -299,6 +439,9 @@ def main(quick: bool) -> str:
         t0_ms = end_ms - span_s * 1000
         data = dataset(nodes, span_s, t0_ms)
         samples = sum(ts.shape[0] for ts, _ in data.values())
+        probes = dense(2, span_s, t0_ms)
+        dense_samples = sum(ts.shape[0] for ts, _ in probes.values())
+        data.update(probes)
         om = work / "data.om"
         openmetrics(data, om)
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(work / "tsdb")],
@@ -316,20 +459,17 @@ def main(quick: bool) -> str:
                      kport, "/readyz")  # fmt: skip
         try:
             ranges = [("1 h", 3600), ("1 d", 86400) if not quick else ("5 h", 5 * 3600)]
-            rows = queries(
-                prom,
-                f"http://127.0.0.1:{pport}",
-                kel,
-                f"http://127.0.0.1:{kport}",
-                end_ms / 1000,
-                ranges,
-            )
+            ranges = ranges[:1] if ONLY_1H else ranges
+            servers = (prom, f"http://127.0.0.1:{pport}", kel, f"http://127.0.0.1:{kport}")
+            rows = queries(*servers, end_ms / 1000, ranges, QUERIES)
+            dense_rows = queries(*servers, end_ms / 1000, ranges, DENSE_QUERIES, DENSE_RUNS)
         finally:
             prom.stop()
             kel.stop()
-        out = [f"{len(data)} series, {samples:,} samples at 15 s; medians of {RUNS} runs, CPU per query in ms.", "",
-               *rows, "", "Remote write (4 connections, snappy protobuf as Prometheus sends):", "",
-               *remote_write(work, quick)]  # fmt: skip
+        out = [f"{len(data) - len(probes)} series, {samples:,} samples at 15 s; medians of {RUNS} runs, CPU per query in ms.", "",
+               *rows, "", f"{len(probes)} series, {dense_samples:,} samples at 1 s; medians of {DENSE_RUNS} runs.", "",
+               *dense_rows, "", "Remote write (4 connections, snappy protobuf as Prometheus sends; every sample "
+               "counted back from each receiver's storage):", "", *([] if ONLY_1H else remote_write(work, quick))]  # fmt: skip
         return "\n".join(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -290,7 +290,8 @@ async def _serve(
         announced.append(True)
         _announce(services, cfg, tokens)
 
-    await run_services(services, stop, started)
+    # A stop that hangs ends this process with status 1 (and the stacks), never hangs it.
+    await run_services(services, stop, started, exit_when_stuck=True)
 
 
 def _announce(services: Sequence[Service], cfg: Config, tokens: Tokens | None = None) -> None:

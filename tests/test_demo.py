@@ -17,6 +17,7 @@ within the stated bound after ten minutes is checked in simulated time
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KelvinUp, i
     try:
         yield up, time.time_ns()
     finally:
-        rc = up.stop()
+        rc = up.stop(signal.SIGINT)  # Ctrl-C (tests/test_stopping.py has SIGTERM)
         assert rc == 0, up.tail()
 
 

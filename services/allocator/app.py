@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from fastapi import FastAPI
 
@@ -18,6 +17,7 @@ from services.common.errors import ConfigError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.net import Listener
 from services.common.settings import Config
+from services.common.tasks import stop_task
 
 
 def create_app(core: AllocatorCore, auth: ServiceAuth | None = None) -> FastAPI:
@@ -74,15 +74,13 @@ class AllocatorService(HttpService):
 
     async def close(self) -> None:
         self.core.metrics.up.set(0)
-        for task in self._tasks:
-            if task.get_name() != "allocator-publisher":
-                task.cancel()
-        for task in self._tasks:
-            if task.get_name() != "allocator-publisher":
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        others = [t for t in self._tasks if t.get_name() != "allocator-publisher"]
+        for task in others:
+            task.cancel()
+        for task in others:
+            await stop_task(task, what=f"allocator task {task.get_name()}")
         self._tasks = []
-        self.core.commit()
+        self.core.commit()  # the state is on disk before anything else may take long
         await self.core.publisher.stop()
 
 

@@ -7,12 +7,16 @@ Job starts and ends go to ``/DCDB_JOBDATA/``. Sensor metadata (units) is
 sent at every connect. Messages wait in a bounded buffer: a broker that is
 down never blocks placement; past the bound the oldest messages are dropped
 and counted. Brokers are tried in order on every reconnect.
+
+Stopping is bounded (:meth:`DecisionPublisher.stop`): aiomqtt's ``__aexit__``
+waits for the broker and may turn the cancellation into an ``MqttError``, which
+the reconnect loop must not take for a lost connection (it would reconnect for
+ever), so the loop ends on a stop flag and on a pending cancellation alike.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -27,6 +31,7 @@ from services.common import codec
 from services.common.logs import RateLimitedLog
 from services.common.readings import Batch
 from services.common.sensors import SensorMetadata
+from services.common.tasks import cancelling, stop_task, wait_event
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, period_s=30)
@@ -65,7 +70,9 @@ class DecisionPublisher:
         username: str | None = None,
         password: str | None = None,
         tls: ssl.SSLContext | None = None,
+        timeout_s: float = 5.0,
     ) -> None:
+        """``timeout_s``: how long one MQTT operation (CONNACK, PUBACK, DISCONNECT) may take."""
         self.brokers = [parse_broker(b) for b in brokers]
         self.prefix = prefix.rstrip("/")
         self.metrics = metrics
@@ -73,6 +80,7 @@ class DecisionPublisher:
         self.username = username
         self.password = password
         self.tls = tls
+        self.timeout_s = timeout_s
         self.buffer: deque[tuple[str, bytes]] = deque()
         self.maxlen = maxlen
         self.metadata: list[SensorMetadata] = [
@@ -82,6 +90,7 @@ class DecisionPublisher:
         self._empty = asyncio.Event()
         self._empty.set()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.connected = False
 
     def add_metadata(self, names: list[str], unit: str) -> None:
@@ -117,24 +126,28 @@ class DecisionPublisher:
         self._wake.set()
 
     def start(self) -> asyncio.Task[None]:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="allocator-publisher")
         return self._task
 
     async def stop(self, flush_timeout_s: float = 2.0) -> None:
+        """Send what the broker takes within ``flush_timeout_s``, then disconnect; ends
+        within that plus twice ``timeout_s`` whatever the broker does (a disconnect that
+        the broker never lets through is left behind, logged)."""
         if self._task is None:
             return
         if self.connected and self.buffer:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._empty.wait(), flush_timeout_s)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+            await wait_event(self._empty, flush_timeout_s)
+        self._stopping = True
+        self._wake.set()
+        # aiomqtt's __aexit__ waits up to timeout_s for the DISCONNECT to go out.
+        await stop_task(self._task, 2 * self.timeout_s + 1.0, "allocator MQTT publisher")
         self._task = None
 
     async def _run(self) -> None:
         backoff = 0.5
         ident = f"kelvin-allocator-{os.getpid()}-{id(self) & 0xFFFF:x}"
-        while True:
+        while not self._stopping:
             for host, port in self.brokers:
                 try:
                     async with aiomqtt.Client(
@@ -144,18 +157,24 @@ class DecisionPublisher:
                         username=self.username,
                         password=self.password,
                         tls_context=self.tls,
-                        timeout=5,
+                        timeout=self.timeout_s,
                     ) as client:
                         self._set_connected(True)
                         backoff = 0.5
                         await self._announce(client)
                         await self._drain(client)
                 except aiomqtt.MqttError as exc:
+                    if self._stopping or cancelling():
+                        # A stop, not a lost broker: aiomqtt's __aexit__ replaced the
+                        # cancellation with its own error; reconnecting would never end.
+                        raise asyncio.CancelledError from exc
                     _rlog.warning(
                         f"mqtt:{host}:{port}", "allocator: broker %s:%d: %s", host, port, exc
                     )
                 finally:
                     self._set_connected(False)
+                if self._stopping:
+                    return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -169,7 +188,7 @@ class DecisionPublisher:
             await client.publish(topic, payload, qos=self.qos)
 
     async def _drain(self, client: aiomqtt.Client) -> None:
-        while True:
+        while not self._stopping:
             if not self.buffer:
                 self._wake.clear()
                 await self._wake.wait()

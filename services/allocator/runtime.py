@@ -9,7 +9,6 @@ republish the hall periodically.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -31,6 +30,7 @@ from services.allocator.settings import Settings
 from services.allocator.store import StateStore
 from services.common.errors import ConfigError
 from services.common.mqtt_credentials import client_tls, read_password
+from services.common.tasks import wait_event
 from services.common.thermal import HALL_SENSOR_PREFIX, Hall, node_sensor, reference_hall
 
 log = logging.getLogger(__name__)
@@ -311,8 +311,7 @@ class AllocatorCore:
         while True:
             nxt = self.book.next_end_ns()
             delay = None if nxt is None else max(0.0, (nxt - time.time_ns()) / 1e9)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), delay)
+            await wait_event(self.changed, delay)
             self.changed.clear()
             if self.book.expire(time.time_ns()):
                 self.commit()

@@ -38,6 +38,7 @@ from services.common.http import HttpService, health_router, install_auth, insta
 from services.common.net import Listener
 from services.common.settings import Config, LoggingSettings
 from services.common.storage import StorageBackend, StorageSettings, create_storage
+from services.common.tasks import stop_task, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class CollectAgent(HttpService):
     async def _await_scales(self) -> None:
         """DCDB integers are scaled on arrival: learn the stored scales before taking any."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._scales_loaded.wait(), self.settings.scales_wait_s)
+            await wait_for(self._scales_loaded.wait(), self.settings.scales_wait_s)
         if not self._scales_loaded.is_set():
             log.warning(
                 "storage did not answer within %g s: until it does, DCDB integers of sensors "
@@ -223,7 +224,7 @@ class CollectAgent(HttpService):
             await self._refresh_scales()
             self._scales_loaded.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(writer), self.settings.metadata_refresh_s)
+                await wait_for(asyncio.shield(writer), self.settings.metadata_refresh_s)
         await writer
 
     async def _refresh_scales(self) -> None:
@@ -331,8 +332,7 @@ class CollectAgent(HttpService):
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stop_task(t, what=f"collect-agent task {t.get_name()}")
         self._tasks.clear()
         await self.spool.close()
         if self.storage is not None:

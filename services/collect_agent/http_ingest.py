@@ -21,7 +21,6 @@ auth tests, which reaches them through this path) and answer the same way.
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from starlette.middleware import Middleware
 from services.collect_agent.spool import SpoolError
 from services.common.http import read_capped
 from services.common.readings import Batch
+from services.common.tasks import wait_for
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -99,8 +99,8 @@ async def ingest(
             headers={"Retry-After": "5"},
         )
     try:
-        if ing.paused:  # wait_for costs a task: only when there is something to wait for
-            await asyncio.wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
+        if ing.paused:  # only when there is something to wait for
+            await wait_for(ing.admitted(), ADMIT_TIMEOUT_S)
     except TimeoutError:
         return JSONResponse(
             {"error": "spool full (storage behind); retry later"},

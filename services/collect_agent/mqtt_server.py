@@ -35,6 +35,7 @@ from services.collect_agent.tasks import cancel
 from services.common.fdlimits import connection_cap, raise_nofile_limit
 from services.common.logs import RateLimitedLog
 from services.common.net import bind_tcp, bound_port
+from services.common.tasks import wait_for
 
 __all__ = ["EndpointLimits", "MqttConnection", "MqttServer", "encode_acks"]
 
@@ -158,7 +159,7 @@ class MqttServer:
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Until what the connections handed to the ingestor so far is durable and acked."""
         try:
-            await asyncio.wait_for(self.ingestor.flush(), timeout_s)
+            await wait_for(self.ingestor.flush(), timeout_s)
         except (TimeoutError, SpoolError) as exc:
             log.warning("MQTT: publishes read before a disconnect not committed: %s", exc)
             return False

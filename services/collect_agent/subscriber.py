@@ -29,6 +29,7 @@ from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.settings import BrokerSettings
 from services.collect_agent.tasks import cancel
 from services.common import codec, names
+from services.common.tasks import cancelling
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,8 @@ class Subscriber:
                     delay = 0.2
                     await self._consume(client, session)
             except aiomqtt.MqttError as exc:
+                if cancelling():  # stopped while aiomqtt waited for the broker: not a loss
+                    raise asyncio.CancelledError from exc
                 self.last_error = str(exc)
                 log.warning(
                     "broker %s:%d: %s; reconnecting in %.1f s",

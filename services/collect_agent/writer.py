@@ -13,7 +13,6 @@ their CRC when read back goes to the spool's ``damaged/`` directory at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from services.common.logs import RateLimitedLog
 from services.common.readings import Batch
 from services.common.sensors import JobRecord, SensorMetadata
 from services.common.storage.base import StorageBackend
+from services.common.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class Writer:
                     self.spool.pending_readings,
                 )
                 self._retry_now.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._retry_now.wait(), backoff)
+                await wait_event(self._retry_now, backoff)
                 backoff = min(backoff * 2, self.retry_max_s)
                 continue
             if self.failing_since is not None:

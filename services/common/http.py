@@ -35,6 +35,7 @@ from services.common.logs import RateLimitedLog, mask_url
 from services.common.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from services.common.net import bind_tcp, bound_port
 from services.common.service import Service
+from services.common.tasks import stop_task
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -175,6 +176,10 @@ def install_auth(app: FastAPI, auth: ServiceAuth, metrics: ServiceMetrics) -> No
     app.add_middleware(BrowserGuard, policy=lambda: auth.browser, refused=refused)
 
 
+HTTP_STOP_TIMEOUT_S = 10.0
+"""How long an HTTP server's stop may take: uvicorn's 5 s for open requests, its lifespan."""
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -300,12 +305,21 @@ class HttpServer:
         )  # fmt: skip
 
     async def stop(self) -> None:
+        """Let open requests finish (uvicorn gives them ``timeout_graceful_shutdown``), run
+        the app's lifespan shutdown; bounded: past :data:`HTTP_STOP_TIMEOUT_S` the server
+        is forced out and its task cancelled."""
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        task = self._task
+        done, _ = await asyncio.wait({task}, timeout=HTTP_STOP_TIMEOUT_S)
+        if not done:
+            log.warning("%s: still stopping after %g s; forcing it", self.what, HTTP_STOP_TIMEOUT_S)
+            self._server.force_exit = True
+            await stop_task(task, what=f"{self.what} server")
         self._server = None
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 async def read_capped(request: Request, limit: int) -> bytes | None:

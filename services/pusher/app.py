@@ -298,8 +298,10 @@ class PusherService(Service):
 
     async def close(self) -> None:
         self.metrics.service.up.set(0)
-        await self.manager.close()
-        await self.publisher.stop()
+        try:
+            await self.manager.close()
+        finally:  # what sampling handed over is flushed or kept in unsent.bin, always
+            await self.publisher.stop()
 
     # ------------------------------------------------------------------ reload
 

@@ -42,6 +42,7 @@ from services.common.auth import (
 from services.common.errors import KelvinError, NotFoundError
 from services.common.logs import RateLimitedLog
 from services.common.net import bind_tcp, bound_port
+from services.common.tasks import wait_for
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, 10.0)
@@ -330,6 +331,9 @@ class HttpLimits:
     max_header_bytes: int = 16 << 10
     max_body_bytes: int = 1 << 20
     max_connections: int = 64
+    close_timeout_s: float = 2.0
+    """How long a closing connection may take to send what it still holds (a client that
+    stopped reading would keep it, and the server's stop, for ever); then it is cut."""
 
 
 class HttpServer:
@@ -362,11 +366,13 @@ class HttpServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for t in list(self._conns):
+            conns = list(self._conns)
+            for t in conns:
                 t.cancel()
-            await asyncio.gather(*self._conns, return_exceptions=True)
+            if conns:  # each ends within close_timeout_s (a client reading nothing: cut)
+                await asyncio.wait(conns, timeout=2 * self.limits.close_timeout_s)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                await wait_for(self._server.wait_closed(), 5)
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -394,8 +400,13 @@ class HttpServer:
         finally:
             self._conns.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                # A client that stopped reading never lets the rest of an answer out.
+                await wait_for(writer.wait_closed(), self.limits.close_timeout_s)
+            except TimeoutError:
+                writer.transport.abort()
+            except Exception:  # the connection's own error: it is closed either way
+                pass
 
     async def _one(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, wait_s: float

@@ -11,7 +11,6 @@ reason, so one broken device does not keep the node's other sensors down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any, Literal
 
 from services.common import names
 from services.common.errors import ConfigError, KelvinError, NotFoundError, SensorNameError
+from services.common.tasks import bounded, stop_task, wait_for
 from services.pusher.config import plugin_type, validate_section
 from services.pusher.metrics import PusherMetrics
 from services.pusher.plugins.base import Group, Plugin, PluginConfig, PluginContext, Restrictions
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 State = Literal["running", "stopped", "error"]
 BUILD_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 5.0
+"""How long a plugin's close may take (a stop must reach the publisher's flush)."""
 REQUEST_BODY = "request body"
 """The origin of a section that came over REST: it gets the :class:`Restrictions`."""
 
@@ -125,7 +127,7 @@ class PluginManager:
         plugin = cls(cfg, ctx)
         inst.plugin, inst.config = plugin, cfg
         try:
-            groups = await asyncio.wait_for(plugin.build(), BUILD_TIMEOUT_S)
+            groups = await wait_for(plugin.build(), BUILD_TIMEOUT_S)
         except ConfigError:
             await plugin.close()
             raise
@@ -206,8 +208,8 @@ class PluginManager:
         for t in inst.tasks:
             t.cancel()
         for t in inst.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            # Bounded: a group stuck in its read must not keep the publisher from flushing.
+            await stop_task(t, what=f"sampling task {t.get_name()}")
         inst.tasks.clear()
         for r in inst.runners:
             if r.queue:  # hand over what min_values held back
@@ -222,7 +224,7 @@ class PluginManager:
         await self.stop(name)
         self._release(inst)
         if inst.plugin is not None:
-            await inst.plugin.close()
+            await bounded(inst.plugin.close(), CLOSE_TIMEOUT_S, f"closing plugin {name}")
         del self.instances[name]
         self._gauges()
 

@@ -31,7 +31,6 @@ that is another agent replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import ssl
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.logs import RateLimitedLog
+from services.common.tasks import stop_task, wait_event
 from services.pusher import mqtt, spool
 from services.pusher.formats import Format, Message, SensorMetadata, encode, metadata_message
 from services.pusher.metrics import PusherMetrics
@@ -248,24 +248,27 @@ class MqttPublisher(Publisher):
         self._task = asyncio.create_task(self._run(), name="pusher-mqtt")
 
     async def stop(self) -> None:
+        """Flush for up to ``flush_timeout_s``, disconnect, keep the rest in unsent.bin;
+        bounded, and unsent.bin is written even when this is cancelled."""
         if self._task is None:
             return
         self._closing = True
         self._kick()
-        if self._conn is not None and (self.buffered_readings or self._control):
-            self._drained.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), self.o.flush_timeout_s)
-        if self._conn is not None:
-            self._conn.disconnect()  # a clean DISCONNECT; what is unacknowledged is kept below
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
-        for handle in (self._pump_handle, self._burst_timer):
-            if handle is not None:
-                handle.cancel()
-        self._keep_unsent()
+        try:
+            if self._conn is not None and (self.buffered_readings or self._control):
+                self._drained.clear()
+                await wait_event(self._drained, self.o.flush_timeout_s)
+            if self._conn is not None:
+                self._conn.disconnect()  # a clean DISCONNECT; the unacknowledged are kept below
+            await stop_task(self._task, what="pusher MQTT publisher")
+        finally:
+            self._task = None
+            for handle in (self._pump_handle, self._burst_timer):
+                if handle is not None:
+                    handle.cancel()
+            # Its task normally does this as it ends: in flight again -> in the outbox.
+            self._lost_connection(mqtt.MqttError("stopped"))
+            self._keep_unsent()
 
     def _keep_unsent(self) -> None:
         left = self.buffered_readings

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.common.logs import RateLimitedLog
+from services.common.tasks import wait_for
 from services.pusher.formats import Mask, Route
 from services.pusher.metrics import PusherMetrics
 from services.pusher.plugins.base import Group, Values
@@ -189,13 +190,13 @@ class GroupRunner:
         group = self.group
         try:
             if group.is_async:
-                got: Any = await asyncio.wait_for(group.read_async(tick), self.timeout_s)
+                got: Any = await wait_for(group.read_async(tick), self.timeout_s)
             elif group.blocking:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"read-{self.name}")
                 loop = asyncio.get_running_loop()
                 self._inflight = loop.run_in_executor(self._executor, group.read, tick)
-                got = await asyncio.wait_for(asyncio.shield(self._inflight), self.timeout_s)
+                got = await wait_for(asyncio.shield(self._inflight), self.timeout_s)
             else:
                 got = group.read(tick)
             raw = as_floats(got)

@@ -8,7 +8,6 @@ HTTP API). The path ``/`` is left to the web console.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -28,6 +27,7 @@ from services.common.net import Listener
 from services.common.settings import Config
 from services.common.storage import StorageBackend, create_storage
 from services.common.storage.settings import StorageSettings
+from services.common.tasks import stop_task, wait_for
 from services.query_api import console
 from services.query_api.context import READY, ApiContext
 from services.query_api.limits import HeavyQueryGate
@@ -197,7 +197,7 @@ class QueryApiService(HttpService):
         while True:
             await asyncio.sleep(every)
             try:
-                ok = await asyncio.wait_for(storage.ping(), timeout=max(every, 1.0))
+                ok = await wait_for(storage.ping(), max(every, 1.0))
             except Exception:  # a hung or failing ping: storage is not reachable
                 ok = False
             if ok != self.ctx.readiness[0]:
@@ -252,16 +252,10 @@ class QueryApiService(HttpService):
         if self.ctx.rules is not None:
             await self.ctx.rules.stop()
             self.ctx.rules = None
-        if self.watcher is not None:
-            self.watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.watcher
-            self.watcher = None
-        if self.definer is not None:
-            self.definer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.definer
-            self.definer = None
+        await stop_task(self.watcher, what="query API storage watcher")
+        self.watcher = None
+        await stop_task(self.definer, what="query API virtual-sensor definer")
+        self.definer = None
         self.metrics.up.set(0)
         await self.ctx.aclose()
         if self.storage is not None:

@@ -32,6 +32,7 @@ from services.common.errors import KelvinError
 from services.common.logs import RateLimitedLog
 from services.common.readings import Series
 from services.common.storage.base import StorageBackend
+from services.common.tasks import wait_for
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -259,7 +260,7 @@ class HeavyQueryGate:
             await app(scope, receive, send)
             return
         try:
-            await asyncio.wait_for(self.slots.acquire(), self.wait_s)
+            await wait_for(self.slots.acquire(), self.wait_s)
         except TimeoutError:
             await self._busy(scope, send)
             return

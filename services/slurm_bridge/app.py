@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 
 from fastapi import FastAPI
@@ -14,6 +13,7 @@ from services.common.errors import PortInUseError
 from services.common.http import HttpService, health_router, install_auth, install_error_handlers
 from services.common.net import Listener
 from services.common.settings import Config
+from services.common.tasks import stop_task
 from services.slurm_bridge import api
 from services.slurm_bridge.allocator import AllocatorClient
 from services.slurm_bridge.client import SlurmClient
@@ -124,11 +124,8 @@ class SlurmBridgeService(HttpService):
     async def close(self) -> None:
         # A round stopped anywhere is finished by the next one (every step is idempotent).
         self.metrics.up.set(0)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task, what="slurm reconcile loop")
+        self._task = None
         if self._udp is not None:
             self._udp.close()
             self._udp = None

@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from services.common.tasks import wait_for
 from services.slurm_bridge.client import SlurmClient, SlurmError, SlurmUnavailable, Snapshot
 from services.slurm_bridge.model import parse_jobs, parse_nodes
 
@@ -53,7 +54,7 @@ class CommandClient(SlurmClient):
         except OSError as exc:
             raise SlurmUnavailable(f"cannot run {args[0]}: {exc.strerror or exc}") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+            out, err = await wait_for(proc.communicate(), self.timeout_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -33,13 +33,13 @@ is lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
 from typing import Any
 
 from services.common.logs import RateLimitedLog
+from services.common.tasks import wait_event
 from services.slurm_bridge.allocator import AllocatorClient, AllocatorError
 from services.slurm_bridge.client import SlurmClient, SlurmError, Snapshot
 from services.slurm_bridge.metrics import BridgeMetrics
@@ -143,8 +143,7 @@ class Reconciler:
             await self._sleep()
 
     async def _sleep(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), self.settings.poll_interval_s)
+        await wait_event(self.wake, self.settings.poll_interval_s)
 
     async def round(self) -> bool:
         """One reconcile round; False when Slurm or the allocator did not answer."""

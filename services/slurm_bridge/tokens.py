@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import ConfigError, KelvinError
+from services.common.tasks import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class TokenSource:
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.DEVNULL,
             )
-            out, err = await asyncio.wait_for(proc.communicate(), 30.0)
+            out, err = await wait_for(proc.communicate(), 30.0)
         except (OSError, TimeoutError) as exc:
             raise TokenError(f"token_command {self.command[0]}: {exc}") from exc
         if proc.returncode != 0:

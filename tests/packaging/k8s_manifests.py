@@ -73,6 +73,11 @@ def _render(chart: Any, values: Obj) -> Rendered:
     return Rendered("k8s", values, chart.render(values, name=RELEASE, namespace=RELEASE))
 
 
+NOT_PLAIN = ("dashboards", "collect-agent-janitor")
+"""Components left out: Grafana's dashboards, and the spool janitor, whose drain Job
+template (ConfigMap data) names the config ConfigMap, which kustomize renames with a hash."""
+
+
 def generate() -> dict[Path, str]:
     """Generated file -> content."""
     with helm.Chart.load(CHART_DIR) as chart:
@@ -83,7 +88,7 @@ def generate() -> dict[Path, str]:
     for obj in base.own:
         labels = obj["metadata"].get("labels", {})
         component = labels.get("app.kubernetes.io/component")
-        if base.is_hook(obj) or obj["kind"] == "Secret" or component == "dashboards":
+        if base.is_hook(obj) or obj["kind"] == "Secret" or component in NOT_PLAIN:
             continue
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == f"{RELEASE}-config":
             body = obj["data"]["kelvin.yaml"]

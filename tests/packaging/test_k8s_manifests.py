@@ -82,7 +82,8 @@ def test_base_is_the_charts_default_install(base: list[Obj], default: Rendered) 
         for k, o in _by_key(default.own).items()
         if not default.is_hook(o)
         and o["kind"] != "Secret"
-        and o["metadata"]["labels"].get("app.kubernetes.io/component") != "dashboards"
+        and o["metadata"]["labels"].get("app.kubernetes.io/component")
+        not in k8s_manifests.NOT_PLAIN
     }
     plain = _by_key(base)
     assert set(plain) == set(chart), f"only in k8s/: {set(plain) - set(chart)}; "

@@ -55,25 +55,33 @@ class PersistentMosquitto:
         self.proc = None
 
 
-def grid_complete(points: list[tuple[int, float]], step_ns: int) -> bool:
+def grid_gaps(points: list[tuple[int, float]], step_ns: int) -> int:
+    """How many instants of the ``step_ns`` grid between the first and last point have none."""
     ts = sorted(t for t, _ in points)
-    return len(ts) == (ts[-1] - ts[0]) // step_ns + 1
+    return (ts[-1] - ts[0]) // step_ns + 1 - len(ts)
 
 
-async def _between_cycles(svc: PusherService, interval_ns: int = 100_000_000) -> None:
-    """Wait for the middle of a sampling interval with nothing in flight.
+async def _between_cycles(
+    svc: PusherService, col: Collector, interval_ns: int = 100_000_000
+) -> None:
+    """Wait for the middle of a sampling interval with nothing in flight, and for the
+    test's subscriber to have what the broker acknowledged.
 
     QoS 1 is at-least-once: a broker killed while a PUBLISH is on the wire may
     have forwarded it yet reset the connection before its PUBACK is read, and the
-    pusher must then send it again. Stopping the broker between two cycles keeps
-    that race (which is MQTT's, not the pusher's) out of this test.
+    pusher must then send it again; one killed before the subscriber's PUBACK sends
+    it to the subscriber again after its restart. Stopping the broker between two
+    cycles, with both ends caught up, keeps those races (MQTT's, not the pusher's)
+    out of this test.
     """
     while True:
         now = time.time_ns()
         await asyncio.sleep(((now // interval_ns + 1) * interval_ns + interval_ns // 2 - now) / 1e9)
         status = svc.publisher.status()
         if status["inflight_messages"] == 0 and status["buffered_readings"] == 0:
-            return
+            received = sum(len(v) for v in col.readings.values())
+            if received == svc.publisher.sent_readings:
+                return
 
 
 async def _outage(
@@ -97,12 +105,14 @@ async def _outage(
     try:
         async with running(cfg) as svc:
             await col.wait_for(lambda: len(col.readings.get("/out/tester/s0019", [])) >= 5)
-            await _between_cycles(svc)
+            await _between_cycles(svc, col)
+            # Stopped from this loop, the pusher's too: it sends nothing while mosquitto
+            # exits, and the beats it may skip meanwhile on a loaded machine are counted.
             broker.stop()
             marks["down_ns"] = time.time_ns()
             await asyncio.sleep(outage_s)  # the outage itself: nothing to await
             assert not svc.publisher.connected
-            broker.start()
+            await asyncio.to_thread(broker.start)  # the pusher samples on meanwhile
             marks["up_ns"] = time.time_ns()
             after = marks["up_ns"] + 1_000_000_000
             await col.wait_for(
@@ -120,14 +130,21 @@ async def test_broker_outage_of_10_s_loses_and_duplicates_nothing(tmp_path: Path
     col, svc, marks = await _outage(tmp_path, 10.0, buffer_readings=1_000_000)
     assert svc.publisher.dropped_readings == 0
     assert len(col.readings) == 20
+    skipped = svc.metrics.skipped.labels("tester")._value.get()
     for sensor, points in col.readings.items():
         dupes = [t for t, n in Counter(t for t, _ in points).items() if n > 1]
         assert dupes == [], f"{sensor}: readings arrived twice"
-        assert grid_complete(points, 100_000_000), f"{sensor}: a gap in the 100 ms grid"
+        # A beat the sampler skipped (a loaded machine) is counted, not lost in the outage.
+        gaps = grid_gaps(points, 100_000_000)
+        assert gaps <= skipped, f"{sensor}: {gaps} gaps in the 100 ms grid, {skipped} skipped"
         ts = [t for t, _ in points]
         assert min(ts) < marks["down_ns"] and max(ts) > marks["up_ns"]
     received = sum(len(v) for v in col.readings.values())
     assert received == svc.publisher.sent_readings
+    # What was sampled after the last wait is kept for the next start: nothing else is missing.
+    path = svc.publisher.o.spool_path
+    kept = sum(m.readings for m in spool_file.read(path)) if path and path.exists() else 0
+    assert received + kept == svc.metrics.readings.labels("tester")._value.get()
 
 
 async def test_outage_past_the_buffer_bound_drops_oldest_and_counts_them(tmp_path: Path) -> None:

@@ -55,6 +55,19 @@ pusher:
 """A busier job stream than the default so that the hall shows jobs within seconds, and a CRAC
 that cannot go below 22 °C: the idle nodes at the aisle ends (8.7 K of recirculation) are over
 the 30 °C redline."""
+FIRING_RULE = """
+groups:
+  - name: console-test
+    interval: 1s
+    rules:
+      - alert: MeasuredInletsReported
+        expr: 'max({__name__=~".+_inlet_temp", __name__!~".+_predicted_inlet_temp"}) > 0'
+        labels: {severity: info}
+        annotations:
+          summary: "hottest measured inlet {{ $value | printf \\"%.1f\\" }} °C"
+"""
+"""Beside the demo's hall rules (whose ``for: 1m`` outlasts most of this module): a rule that
+fires at its first evaluation over the simulated hall, so a firing alert is on screen."""
 INLET = "/hall/row0/rack0/node0/inlet_temp"
 SHOWN_JS = """() => ({
     busy: [...document.querySelectorAll('svg .node')].filter(e => e.dataset.busy === 'true')
@@ -79,8 +92,10 @@ OVER_JS = """() => {
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KelvinUp]:
     data = tmp_path_factory.mktemp("console-demo")
+    rules = data / "console-rules.yml"
+    rules.write_text(FIRING_RULE)
     cfg = data / "demo.yaml"
-    cfg.write_text(FAST_DEMO)
+    cfg.write_text(FAST_DEMO + f"query_api:\n  rule_files: [{str(rules)!r}]\n")
     up = KelvinUp(data, "--demo", "--seed", "7", config=cfg).start()
     try:
         yield up
@@ -437,24 +452,41 @@ def test_ingest_health_shows_live_rates(
     assert problems.items == []
 
 
-def test_alerts_view_lists_the_demo_rules_alerts(
+def test_a_firing_alert_shows_in_the_alerts_view_and_above_the_hall(
     page: tuple[Any, Problems], demo: KelvinUp, artifacts_dir: Path
 ) -> None:
-    """``kelvin up --demo`` evaluates the hall rules; the console shows what they raise."""
+    """``kelvin up --demo`` evaluates its rules; an alert that fires is listed, firing, in the
+    Alerts view and named in the strip above the hall plan."""
     pg, problems = page
+    api = f"{demo.url('query_api')}/prometheus/api/v1/alerts"
+    deadline = time.monotonic() + 60
+    while True:  # the rule evaluates every second once the hall's first inlets are stored
+        alerts = httpx.get(api, timeout=10).json()["data"]["alerts"]
+        ours = [a for a in alerts if a["labels"]["alertname"] == "MeasuredInletsReported"]
+        if ours and ours[0]["state"] == "firing":
+            break
+        assert time.monotonic() < deadline, alerts
+        time.sleep(0.2)
+    summary = ours[0]["annotations"]["summary"]
+    assert re.fullmatch(r"hottest measured inlet \d+\.\d °C", summary), summary
+    pg.goto(f"{demo.console_url}#/hall")
+    strip = pg.locator("#hall-alerts")
+    expect(strip).to_be_visible()
+    expect(strip).to_contain_text("firing")
+    expect(strip).to_contain_text("MeasuredInletsReported")
+    expect(strip).to_contain_text("hottest measured inlet")
+    shoot(pg, artifacts_dir, "hall-alerts")
     pg.goto(f"{demo.console_url}#/alerts")
     pg.wait_for_function(
-        "() => /rules in 2 groups/.test(document.querySelector('#alerts-status')?.textContent || '')"
+        "() => /rules in 3 groups/.test(document.querySelector('#alerts-status')?.textContent || '')"
     )
-    alerts = httpx.get(f"{demo.url('query_api')}/prometheus/api/v1/alerts", timeout=10).json()[
-        "data"
-    ]["alerts"]
-    rows = pg.locator("#alerts-table tbody tr")
-    if alerts:
-        expect(rows.first).to_be_visible()
-    else:
-        expect(pg.locator("#alerts-empty")).to_be_visible()
-    assert "firing" in pg.locator("#alerts-badge").inner_text()
+    row = pg.locator("#alerts-table tbody tr.firing", has_text="MeasuredInletsReported")
+    expect(row).to_have_count(1)
+    expect(row.locator(".pill")).to_have_text("firing")
+    expect(row).to_contain_text("hottest measured inlet")
+    expect(pg.locator("#alerts-empty")).to_be_hidden()
+    expect(pg.locator("#alerts-badge")).to_contain_text(re.compile(r"[1-9][0-9]* alerts? firing"))
+    assert "bad" in (pg.locator("#alerts-badge").get_attribute("class") or "")
     shoot(pg, artifacts_dir, "alerts")
     assert problems.items == []
 

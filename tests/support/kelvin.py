@@ -1,8 +1,11 @@
-"""Run ``kelvin up`` (optionally ``--demo``) as a subprocess on free ports and a temp data dir.
+"""Run ``kelvin up`` (optionally ``--demo``) or ``kelvin run <service>`` as a subprocess on
+free ports and a temp data dir.
 
-The process prints where the console is once every service runs; :meth:`KelvinUp.start`
-waits for that line (a reader thread copies the output to ``kelvin.log`` and signals it),
-not for a fixed time.
+The process prints what it runs once every service is up; :meth:`KelvinUp.start` waits
+for that (a reader thread copies the output to ``kelvin.log`` and signals it), not for a
+fixed time. :meth:`KelvinUp.stop` signals it and waits as long as the process says its
+stop may take (it logs that deadline as it begins to stop; past it, it exits with status
+1 whatever hangs), plus :data:`STOP_MARGIN_S`.
 """
 
 from __future__ import annotations
@@ -21,23 +24,41 @@ from services.common.auth import Role
 from tests.support.servers import free_port
 
 ANNOUNCE = re.compile(r"^\s*console\s+(http://\S+)$")
+READY = "Stop with Ctrl-C."
+"""The last line of what ``kelvin up``/``run`` prints once every service runs."""
+DEADLINE = re.compile(r"exits with status 1 unless stopped within (\d+) s")
+STOP_MARGIN_S = 30.0
+"""Past the deadline the process itself keeps: exiting, on a loaded machine."""
+SIGNALLED_S = 30.0
+"""How soon after the signal the process must log its deadline."""
 PORT_FLAGS = {
     "mqtt": "--mqtt-port",
     "collect_agent": "--collect-agent-port",
     "pusher": "--pusher-port",
     "query_api": "--query-api-port",
     "allocator": "--allocator-port",
+    "slurm_bridge": "--slurm-bridge-port",
 }
 
 
 class KelvinUp:
-    """One ``kelvin up`` process; ``stop()`` sends SIGTERM and returns the exit code."""
+    """One ``kelvin up`` (or, with ``command``, e.g. ``("run", "pusher")``) process on free
+    ports (``ports`` sets some: ``mqtt`` is the broker of a pusher or allocator run alone);
+    ``stop()`` signals it (SIGTERM unless told) and returns the exit code."""
 
-    def __init__(self, data_dir: Path, *args: str, config: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        config: Path | None = None,
+        command: tuple[str, ...] = ("up",),
+        ports: dict[str, int] | None = None,
+    ) -> None:
         self.data_dir = data_dir
-        self.ports = {k: free_port() for k in PORT_FLAGS}
+        self.ports = {k: free_port() for k in PORT_FLAGS} | (ports or {})
         self.log = data_dir / "kelvin.log"
-        self.cmd = [sys.executable, "-m", "services.cli", "up", "--data-dir", str(data_dir), *args]
+        self.cmd = [sys.executable, "-m", "services.cli", *command, "--data-dir", str(data_dir)]
+        self.cmd += args
         for key, flag in PORT_FLAGS.items():
             self.cmd += [flag, str(self.ports[key])]
         if config is not None:
@@ -48,6 +69,9 @@ class KelvinUp:
         self.console_url = ""
         self._lines: list[str] = []
         self._announced = threading.Event()
+        self._ready = False
+        self._deadline_s: float | None = None
+        self._deadline_logged = threading.Event()
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}"
@@ -72,9 +96,9 @@ class KelvinUp:
             raise TimeoutError(
                 f"kelvin up did not announce its console in {timeout_s} s:\n{self.tail()}"
             )
-        if not self.console_url:
+        if not self._ready:
             self.stop()
-            raise RuntimeError(f"kelvin up exited with {self.proc.returncode}:\n{self.tail()}")
+            raise RuntimeError(f"kelvin exited with {self.proc.returncode}:\n{self.tail()}")
         return self
 
     def _copy_output(self) -> None:
@@ -88,8 +112,15 @@ class KelvinUp:
                 m = ANNOUNCE.match(line.rstrip("\n"))
                 if m and not self.console_url:
                     self.console_url = m.group(1)
+                if line.strip() == READY:
+                    self._ready = True
                     self._announced.set()
+                d = DEADLINE.search(line)
+                if d and self._deadline_s is None:
+                    self._deadline_s = float(d.group(1))
+                    self._deadline_logged.set()
         self._announced.set()  # exited (before or after announcing)
+        self._deadline_logged.set()
 
     def output(self) -> str:
         return "".join(self._lines)
@@ -97,14 +128,20 @@ class KelvinUp:
     def tail(self, chars: int = 4000) -> str:
         return self.output()[-chars:]
 
-    def stop(self) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        """Send ``sig`` and wait for the exit within the deadline the process logs as it
+        begins to stop (plus :data:`STOP_MARGIN_S`); a process still there then is killed,
+        and its negative status returned, so that ``stop() == 0`` is the bounded clean stop."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
+            self._deadline_logged.wait(SIGNALLED_S)
+            bound = (self._deadline_s or 0.0) + STOP_MARGIN_S
             try:
-                self.proc.wait(30)
+                self.proc.wait(bound)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                self._lines.append(f"[test] still running {bound:.0f} s after {sig.name}: killed\n")
         return int(self.proc.returncode)

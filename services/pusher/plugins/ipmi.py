@@ -20,6 +20,7 @@ from typing import Literal
 
 from services.common.errors import KelvinError
 from services.common.schema import Field
+from services.common.tasks import wait_for
 from services.pusher.plugins.base import (
     Group,
     GroupOptions,
@@ -157,9 +158,7 @@ class IpmiPlugin(Plugin):
             self.entities.append(bmc)
             opts = self.options_of(h)
             try:
-                found = await asyncio.wait_for(
-                    self._probe(bmc, cfg), (opts.timeout_ms or 5000) / 1000
-                )
+                found = await wait_for(self._probe(bmc, cfg), (opts.timeout_ms or 5000) / 1000)
             except (KelvinError, OSError, TimeoutError) as exc:
                 if h.sensors is None:
                     reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)

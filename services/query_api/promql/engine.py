@@ -31,6 +31,7 @@ from services.query_api.promql.values import (
     Vector,
     drop_name,
     is_stale,
+    stacked_search,
     windows,
 )
 
@@ -136,23 +137,21 @@ class Evaluator:
         lo, hi = int(refs.min()) - lookback, int(refs.max())
         series = await self.engine.source.select(e.matchers, lo, hi)
         self._budget(len(series) * self.nsteps)
-        labels, values, present, times = [], [], [], []
-        for s in series:
-            if not s.ts.shape[0]:
-                continue
-            idx = np.searchsorted(s.ts, refs, side="right") - 1
-            safe = np.maximum(idx, 0)
-            t = s.ts[safe]
-            v = s.vs[safe]
-            ok = (idx >= 0) & (t >= refs - lookback) & ~is_stale(v)
-            if bool(ok.any()):
-                labels.append(s.labels)
-                values.append(v)
-                present.append(ok)
-                times.append(t)
-        if not labels:
+        series = [s for s in series if s.ts.shape[0]]
+        if not series:
             return Vector.empty(self.nsteps)
-        return Vector(labels, np.vstack(values), np.vstack(present), np.vstack(times))
+        parts = [s.ts for s in series]
+        base = np.zeros(len(parts), dtype=np.int64)
+        np.cumsum([p.shape[0] for p in parts[:-1]], out=base[1:])
+        idx = stacked_search(parts, refs, "right") - 1  # the newest sample at or before each ref
+        safe = np.maximum(idx, base[:, None])
+        t = np.concatenate(parts)[safe]
+        v = np.concatenate([s.vs for s in series])[safe]
+        ok = (idx >= base[:, None]) & (t >= refs - lookback) & ~is_stale(v)
+        rows = np.flatnonzero(ok.any(axis=1))
+        if not rows.shape[0]:
+            return Vector.empty(self.nsteps)
+        return Vector([series[i].labels for i in rows.tolist()], v[rows], ok[rows], t[rows])
 
     async def matrix(self, e: ast.Expr) -> Matrix:
         e = ast.unwrap(e)
@@ -174,22 +173,22 @@ class Evaluator:
         series = await self.engine.source.select(
             vs.matchers, int(ends.min()) - e.range_ns, int(ends.max())
         )
-        labels, ts_parts, vs_parts, los, his = [], [], [], [], []
-        base = 0
+        labels, ts_parts, vs_parts = [], [], []
         for s in series:
             keep = ~is_stale(s.vs)
             ts, vals = (s.ts, s.vs) if bool(keep.all()) else (s.ts[keep], s.vs[keep])
             if not ts.shape[0]:
                 continue
-            lo, hi = windows(ts, base, ends, e.range_ns)
             labels.append(s.labels)
             ts_parts.append(ts)
             vs_parts.append(vals)
-            los.append(lo)
-            his.append(hi)
-            base += ts.shape[0]
-        self._budget(base + len(labels) * self.nsteps)
-        return _assemble(labels, ts_parts, vs_parts, los, his, ends, e.range_ns, self.nsteps)
+        self._budget(sum(p.shape[0] for p in ts_parts) + len(labels) * self.nsteps)
+        if not labels:
+            return _assemble([], [], [], [], [], ends, e.range_ns, self.nsteps)
+        lo = stacked_search(ts_parts, ends - e.range_ns, "left")
+        hi = stacked_search(ts_parts, ends, "right")
+        return Matrix(labels, np.concatenate(ts_parts), np.concatenate(vs_parts), lo, hi, ends,
+                      e.range_ns)  # fmt: skip
 
     async def subquery(self, e: ast.SubqueryExpr) -> Matrix:
         step = e.step_ns or self.engine.default_step_ns

@@ -273,6 +273,9 @@ def histogram_quantile(q: F1, v: Vector) -> Vector:
         pres = v.present[rows]
         any_p = pres.any(axis=0)
         present[g] = any_p
+        if bool(pres.all()):  # every bucket at every step (the usual case): one pass
+            values[g] = _bucket_quantile(q, bounds, v.values[rows])
+            continue
         patterns, inverse = np.unique(pres[:, any_p].T, axis=0, return_inverse=True)
         cols = np.flatnonzero(any_p)
         inverse = inverse.ravel()

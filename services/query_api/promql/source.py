@@ -96,7 +96,10 @@ class KelvinSource:
                     self._read[name] = (start_ns, end_ns, s.timestamps_ns, s.values)
         out = []
         for lab, name in found:
-            _, _, ts, vs = self._read[name]
+            lo, hi, ts, vs = self._read[name]
+            if lo == start_ns and hi == end_ns:  # read for exactly this range
+                out.append(RawSeries(lab, ts, vs))
+                continue
             a = int(np.searchsorted(ts, start_ns, side="left"))
             b = int(np.searchsorted(ts, end_ns, side="right"))
             out.append(RawSeries(lab, ts[a:b], vs[a:b]))

@@ -15,8 +15,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from services.query_api.promql import sums
 from services.query_api.promql.ast import EvalError
 from services.query_api.promql.values import B2, F1, F2, I1, Matrix
+
+_GATHER = 1 << 18
+"""Window samples gathered at once by :meth:`Scan.samples` (2 MB)."""
+_TAME_MEAN = 1e307
+"""Below this (and finite) a running mean cannot overflow: no infinity handling needed."""
+_TAME_SQUARE = 1e150
+"""Below this (and finite) squares and their sums over a window stay finite."""
 
 Result = tuple[F1, np.ndarray]
 """Flat values and presence, one per window (series-major, as ``Matrix.lo.ravel()``)."""
@@ -25,7 +33,7 @@ Result = tuple[F1, np.ndarray]
 class Scan:
     """The windows of a matrix, longest first, walked sample by sample."""
 
-    def __init__(self, vs: F1, lo: I1, hi: I1) -> None:
+    def __init__(self, vs: np.ndarray, lo: I1, hi: I1) -> None:
         self.vs = vs
         self.n = hi - lo
         self.order = np.argsort(-self.n, kind="stable")
@@ -36,16 +44,46 @@ class Scan:
         self.active = np.searchsorted(-n_sorted, -np.arange(self.k_max), side="left")
         self.size = int(lo.shape[0])
 
-    def samples(self, start: int = 0) -> Iterator[tuple[int, int, F1]]:
-        """``(k, m, values)``: the k-th sample of the first ``m`` (sorted) windows."""
-        for k in range(start, self.k_max):
-            m = int(self.active[k])
-            yield k, m, self.vs[self.lo[:m] + k]
+    def samples(self, start: int = 0) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(k, m, values)``: the k-th sample of the first ``m`` (sorted) windows.
+
+        Positions are gathered a block at a time (``_GATHER`` values), so a step costs
+        only its arithmetic.
+        """
+        rows = max(1, _GATHER // max(self.size, 1))
+        last = max(self.vs.shape[0] - 1, 0)
+        for k0 in range(start, self.k_max, rows):
+            k1 = min(k0 + rows, self.k_max)
+            m0 = int(self.active[k0])
+            idx = self.lo[None, :m0] + np.arange(k0, k1, dtype=np.int64)[:, None]
+            np.minimum(idx, last, out=idx)  # past a window's end: unused
+            block = self.vs[idx]
+            for k in range(k0, k1):
+                m = int(self.active[k])
+                yield k, m, block[k - k0, :m]
 
     def unsort(self, sorted_values: F1) -> F1:
         out = np.empty(self.size)
         out[self.order] = sorted_values
         return out
+
+
+def _tame(vs: F1, bound: float) -> bool:
+    return vs.shape[0] == 0 or bool(np.isfinite(vs).all() and np.abs(vs).max() < bound)
+
+
+def _kahan_finite(inc: F1, total: F1, c: F1) -> None:
+    """:func:`_kahan` in place for finite sums that cannot overflow.
+
+    Knuth's branch-free TwoSum gives the same exact error term as Neumaier's two
+    branches (an exact error is one number), in fewer passes.
+    """
+    t = total + inc
+    z = t - total
+    err = total - (t - z)
+    err += inc - z
+    c += err
+    total[...] = t
 
 
 def _kahan(inc: F1, total: F1, c: F1) -> tuple[F1, F1]:
@@ -66,6 +104,14 @@ def _sum(sc: Scan) -> F1:
 
 
 def _avg(sc: Scan) -> F1:
+    if _tame(sc.vs, _TAME_MEAN):  # the mean stays finite: Prometheus' infinity cases never apply
+        mean, c = np.zeros(sc.size), np.zeros(sc.size)
+        for k, m, x in sc.samples():
+            seen = float(k + 1)  # every window still going has seen k + 1 samples
+            inc = x / seen
+            inc -= mean[:m] / seen
+            _kahan_finite(inc, mean[:m], c[:m])
+        return sc.unsort(mean + c)
     mean, c, count = np.zeros(sc.size), np.zeros(sc.size), np.zeros(sc.size)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for _, m, x in sc.samples():
@@ -80,6 +126,17 @@ def _avg(sc: Scan) -> F1:
 
 
 def _variance(sc: Scan) -> F1:
+    if _tame(sc.vs, _TAME_SQUARE):
+        mean, c_mean = np.zeros(sc.size), np.zeros(sc.size)
+        aux, c_aux = np.zeros(sc.size), np.zeros(sc.size)
+        n = np.zeros(sc.size)
+        for k, m, x in sc.samples():
+            n[:m] = k + 1
+            delta = x - (mean[:m] + c_mean[:m])
+            _kahan_finite(delta / float(k + 1), mean[:m], c_mean[:m])
+            delta *= x - (mean[:m] + c_mean[:m])
+            _kahan_finite(delta, aux[:m], c_aux[:m])
+        return sc.unsort((aux + c_aux) / n)
     count = np.zeros(sc.size)
     mean, c_mean = np.zeros(sc.size), np.zeros(sc.size)
     aux, c_aux = np.zeros(sc.size), np.zeros(sc.size)
@@ -212,13 +269,21 @@ def _regression(m: Matrix, lo: I1, hi: I1, intercept_ns: I1 | None) -> tuple[F1,
     sx, cx, sy, cy = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
     sxy, cxy, sx2, cx2 = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
     const = np.ones(k, dtype=bool)
-    count = np.zeros(k)
+    count = sc.n[sc.order].astype(np.float64)
+    times = Scan(m.ts, lo_ok, hi_ok)  # the same windows in the same order
+    tame = _tame(m.vs, _TAME_SQUARE)  # products and sums stay finite
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        for i, mm, y in sc.samples():
+        for (i, mm, y), (_, _, t) in zip(sc.samples(), times.samples(), strict=True):
             if i > 0:
                 const[:mm] &= y == first_v[:mm]
-            count[:mm] += 1
-            x = _seconds(m.ts[sc.lo[:mm] + i] - order_origin[:mm])
+            x = _seconds(t - order_origin[:mm])
+            if tame:
+                xy, xx = x * y, x * x
+                _kahan_finite(x, sx[:mm], cx[:mm])
+                _kahan_finite(y, sy[:mm], cy[:mm])
+                _kahan_finite(xy, sxy[:mm], cxy[:mm])
+                _kahan_finite(xx, sx2[:mm], cx2[:mm])
+                continue
             sx[:mm], cx[:mm] = _kahan(x, sx[:mm], cx[:mm])
             sy[:mm], cy[:mm] = _kahan(y, sy[:mm], cy[:mm])
             sxy[:mm], cxy[:mm] = _kahan(x * y, sxy[:mm], cxy[:mm])
@@ -275,6 +340,23 @@ def holt_winters(m: Matrix, sf: F1, tf: F1) -> Result:
     b = m.vs[sc.lo + 1] - v0
     s0 = np.zeros(sc.size)
     with np.errstate(invalid="ignore", over="ignore"):
+        if bool((sfw == sfw[0]).all() and (tfw == tfw[0]).all()):  # literal factors: scalars
+            sf1, tf1 = float(sfw[0]), float(tfw[0])
+            keep_s, keep_t = 1 - sf1, 1 - tf1
+            for i, mm, x in sc.samples(start=1):
+                s1m, bm = s1[:mm], b[:mm]
+                if i > 1:
+                    trend = s1m - s0[:mm]
+                    trend *= tf1
+                    bm *= keep_t
+                    bm += trend
+                y = s1m + bm
+                y *= keep_s
+                s0[:mm] = s1m
+                y += sf1 * x
+                s1m[...] = y
+            out[ok] = sc.unsort(s1)
+            return out, ok
         for i, mm, x in sc.samples(start=1):
             xs = sfw[:mm] * x
             if i > 1:
@@ -286,7 +368,27 @@ def holt_winters(m: Matrix, sf: F1, tf: F1) -> Result:
     return out, ok
 
 
+def _blocks(n: I1) -> Iterator[tuple[I1, int]]:
+    """Windows (indices, shortest first) in groups whose rows padded to the longest hold at
+    most ``_GATHER`` samples, and that length."""
+    order = np.argsort(n, kind="stable")
+    ns = n[order]
+    i, size = 0, int(ns.shape[0])
+    while i < size:
+        cost = np.arange(1, size - i + 1, dtype=np.int64) * ns[i:]
+        j = i + max(1, int(np.searchsorted(cost, _GATHER, side="right")))
+        yield order[i:j], int(ns[j - 1])
+        i = j
+
+
+def _nan_first(block: np.ndarray, nans: I1, pos: I1) -> F1:
+    """Row ``r``'s value at ``pos[r]`` in Go's order (its ``nans[r]`` NaNs first) from numpy's."""
+    at = np.arange(block.shape[0])
+    return np.where(pos < nans, np.nan, block[at, np.maximum(pos - nans, 0)])
+
+
 def quantile_over_time(m: Matrix, q: F1) -> Result:
+    """Each window sorted on its own (a block of windows per ``np.sort``), NaN first as in Go."""
     lo, hi = m.lo.ravel(), m.hi.ravel()
     rows = m.lo.shape[0]
     n = hi - lo
@@ -296,24 +398,29 @@ def quantile_over_time(m: Matrix, q: F1) -> Result:
         return out, ok
     qw = np.repeat(q[None, :], rows, axis=0).ravel()[ok]
     lo_ok, n_ok = lo[ok], n[ok]
-    starts = np.zeros(n_ok.shape[0], dtype=np.int64)
-    np.cumsum(n_ok[:-1], out=starts[1:])
-    seg = np.repeat(np.arange(n_ok.shape[0]), n_ok)
-    pos = np.arange(int(n_ok.sum())) - starts[seg] + lo_ok[seg]
-    vals = m.vs[pos]
-    order = np.lexsort((vals, ~np.isnan(vals), seg))  # NaN first, as Prometheus sorts
-    vals = vals[order]
-    nf = n_ok.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        rank = qw * (nf - 1)
-        lower = np.maximum(0, np.floor(rank))
-        upper = np.minimum(nf - 1, lower + 1)
-        weight = rank - np.floor(rank)
-        top = nf - 1
-        li = np.clip(np.nan_to_num(lower), 0, top).astype(np.int64) + starts
-        ui = np.clip(np.nan_to_num(upper), 0, top).astype(np.int64) + starts
-        res = vals[li] * (1 - weight) + vals[ui] * weight
-    res = np.where(np.isnan(qw), np.nan, np.where(qw < 0, -np.inf, np.where(qw > 1, np.inf, res)))
+    res = np.empty(n_ok.shape[0])
+    last = m.vs.shape[0] - 1
+    for sel, width in _blocks(n_ok):
+        cols = np.arange(width, dtype=np.int64)
+        real = cols[None, :] < n_ok[sel][:, None]
+        block = m.vs[np.minimum(lo_ok[sel][:, None] + cols[None, :], last)]
+        block[~real] = np.inf  # padding sorts after every real value but NaN
+        nans = np.isnan(block).sum(axis=1)
+        block.sort(axis=1)  # NaN last; Prometheus' order is these rows rotated by `nans`
+        nf = n_ok[sel].astype(np.float64)
+        qs = qw[sel]
+        with np.errstate(invalid="ignore"):
+            rank = qs * (nf - 1)
+            lower = np.maximum(0, np.floor(rank))
+            upper = np.minimum(nf - 1, lower + 1)
+            weight = rank - np.floor(rank)
+            top = nf - 1
+            li = np.clip(np.nan_to_num(lower), 0, top).astype(np.int64)
+            ui = np.clip(np.nan_to_num(upper), 0, top).astype(np.int64)
+            got = _nan_first(block, nans, li) * (1 - weight) + _nan_first(block, nans, ui) * weight
+        res[sel] = np.where(
+            np.isnan(qs), np.nan, np.where(qs < 0, -np.inf, np.where(qs > 1, np.inf, got))
+        )
     out[ok] = res
     return out, ok
 
@@ -346,6 +453,11 @@ def over_time(name: str, m: Matrix) -> Result:
     out = np.full(lo.shape[0], np.nan)
     if not bool(ok.any()):
         return out, ok
+    if name == "sum_over_time":
+        exact = sums.exact_window_sums(m.vs, lo[ok], hi[ok])
+        if exact is not None:
+            out[ok] = exact
+            return out, ok
     sc = Scan(m.vs, lo[ok], hi[ok])
     if name == "sum_over_time":
         out[ok] = _sum(sc)

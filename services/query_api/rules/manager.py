@@ -14,7 +14,6 @@ evaluated on the scraped samples alone, so they work while storage is down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from services.common.errors import KelvinError
 from services.common.metrics import ServiceMetrics
 from services.common.promnames import Labels, sensor_name
 from services.common.readings import Batch
+from services.common.tasks import stop_task
 from services.query_api.promql import Engine, to_string
 from services.query_api.promql import ast as pq
 from services.query_api.promql.printer import go_format_e
@@ -154,8 +154,7 @@ class RuleManager:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            await stop_task(t, what=f"rule group task {t.get_name()}")
         self._tasks.clear()
         await self.notifier.aclose()
         await self.scraper.aclose()

@@ -10,7 +10,6 @@ resolved ones carry the time they resolved.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from typing import Any
@@ -19,6 +18,7 @@ import httpx
 
 from services.common.logs import RateLimitedLog
 from services.common.metrics import ServiceMetrics
+from services.common.tasks import stop_task
 
 log = logging.getLogger(__name__)
 _send_log = RateLimitedLog(log, 60.0)
@@ -80,9 +80,6 @@ class Notifier:
             _send_log.warning(url, "sending %d alert(s) to %s failed: %s", len(batch), url, exc)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task, what="alert notifier")
+        self._task = None
         await self._client.aclose()

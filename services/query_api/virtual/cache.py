@@ -21,6 +21,7 @@ import numpy as np
 
 from services.common.readings import Float64Array, Int64Array
 from services.common.storage.base import StorageBackend
+from services.common.tasks import stop_task, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +167,10 @@ class BackgroundWriter:
         """Wait until every queued store is done."""
         await self.queue.join()
 
-    async def close(self) -> None:
-        await self.flush()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def close(self, flush_timeout_s: float = 5.0) -> None:
+        """Finish the queued stores for up to ``flush_timeout_s`` (they are a cache: what
+        is left is computed again when next asked for), then stop."""
+        with contextlib.suppress(TimeoutError):
+            await wait_for(self.flush(), flush_timeout_s)
+        await stop_task(self._task, what="virtual-sensor result writer")
+        self._task = None

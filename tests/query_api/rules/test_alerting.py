@@ -252,3 +252,33 @@ async def test_the_demo_starts_with_the_hall_rules(tmp_path: Any) -> None:
         )
     finally:
         await svc.stop()
+
+
+async def test_a_predicted_inlet_above_the_redline_is_no_alert(tmp_path: Any) -> None:
+    """InletAboveRedline counts measured inlets only: the allocator's model writes
+    ``predicted_inlet_temp`` beside them (``node_predicted_inlet_temp``), and an operator
+    paged for a prediction is paged for nothing."""
+    from services.query_api.app import create_service
+    from tests.query_api.conftest import make_config
+
+    svc = create_service(make_config(tmp_path, builtin_rules=True))
+    await svc.start()
+    try:
+        assert svc.ctx.rules is not None and svc.storage is not None
+        now = time.time_ns() // 10**6 * 10**6
+        ts = now + np.arange(-120, 10, 5, dtype=np.int64) * 10**9
+        hot = np.full(ts.shape[0], 35.0)
+        for name in ("/hall/row0/rack0/node0/inlet_temp", "/hall/row0/rack0/node1/predicted_inlet_temp",
+                     "/hall/row0/rack0/node2/predicted_inlet_temp"):  # fmt: skip
+            await svc.storage.write(Batch.single(name, ts, hot))
+        hall = next(g for g in svc.ctx.rules.groups if g.group.name == "kelvin-hall")
+        for at in (now, now + 61 * 10**9):  # pending, then firing after its `for: 1m`
+            await svc.ctx.rules.evaluate(hall, at)
+        alerts = [
+            a for a in svc.ctx.rules.alerts_api() if a["labels"]["alertname"] == "InletAboveRedline"
+        ]
+        assert [(a["labels"]["sensor"], a["state"]) for a in alerts] == [
+            ("/hall/row0/rack0/node0/inlet_temp", "firing")
+        ]
+    finally:
+        await svc.stop()

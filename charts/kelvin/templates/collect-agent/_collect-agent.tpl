@@ -83,3 +83,61 @@ StatefulSet's claim per pod), "claim" (one claim, one Deployment pod), "emptyDir
 {{- end -}}
 {{- toYaml $out -}}
 {{- end }}
+
+{{/*
+The drain Job of one retained spool claim: `kelvin spool drain` on it, which writes what
+is spooled there to storage and exits 0 once it is empty (or at once if an agent holds
+it). Shared by the Helm hook (drain-job.yaml) and the janitor's template (janitor.yaml).
+(dict "root" $ "name" <Job name> "claim" <claim name> "hook" <bool>)
+*/}}
+{{- define "kelvin.collectAgentDrainJob" -}}
+{{- $root := .root -}}
+{{- $ctx := dict "root" $root "component" "collect-agent-drain" "values" $root.Values.collectAgent -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "kelvin.componentLabels" $ctx | nindent 4 }}
+  {{- if .hook }}
+  annotations:
+    helm.sh/hook: post-install,post-upgrade
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+  {{- end }}
+spec:
+  backoffLimit: 20
+  ttlSecondsAfterFinished: 86400
+  template:
+    metadata:
+      labels:
+        {{- include "kelvin.componentLabels" $ctx | nindent 8 }}
+    spec:
+      restartPolicy: OnFailure
+      serviceAccountName: {{ include "kelvin.serviceAccountName" $root }}
+      automountServiceAccountToken: false
+      {{- with include "kelvin.imagePullSecrets" $root | trim }}
+      {{- . | nindent 6 }}
+      {{- end }}
+      securityContext:
+        {{- include "kelvin.podSecurityContext" $ctx | nindent 8 }}
+      containers:
+        - name: drain
+          {{- include "kelvin.image" $ctx | nindent 10 }}
+          args: [spool, drain, /var/lib/kelvin/spool, --config, /etc/kelvin/kelvin.yaml]
+          {{- with include "kelvin.storageEnv" $root | trim }}
+          env:
+            {{- . | nindent 12 }}
+          {{- end }}
+          securityContext:
+            {{- include "kelvin.containerSecurityContext" $ctx | nindent 12 }}
+          volumeMounts:
+            {{- include "kelvin.baseVolumeMounts" $root | nindent 12 }}
+            - name: spool
+              mountPath: /var/lib/kelvin/spool
+      volumes:
+        {{- include "kelvin.baseVolumes" $root | nindent 8 }}
+        - name: spool
+          persistentVolumeClaim:
+            claimName: {{ .claim }}
+{{- end }}
