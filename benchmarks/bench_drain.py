@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.loadgen_mqtt import TS0, Login, dcdb_packets, publish
+from benchmarks.peers import influx_counted_back
 from services.common.readings import Batch
 from tests.support.auth import MQTT_LOGIN
 
@@ -136,9 +137,11 @@ def main(quick: bool = False) -> str:
                 kind = kind if i < 3 else ("sigterm", "normal", "direct")[i - 3]
                 if kind == "direct":
                     readings, seconds = asyncio.run(_direct(server, messages, i))
+                    influx_counted_back(server, f"drain_direct_{i}", "kelvin", readings)
                     times.setdefault(kind, []).append(seconds)
                     continue
                 readings, seconds, exited = _run(kind, work, server, messages, i)
+                influx_counted_back(server, f"drain_{kind}_{i}", "kelvin", readings)
                 times.setdefault(kind, []).append(seconds)
                 if exited is not None:
                     times.setdefault("exit", []).append(exited)

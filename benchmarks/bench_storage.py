@@ -11,7 +11,8 @@ Inserts: batches of 10k readings, spread over 10k sensors (one reading each)
 and over 10 sensors (1000 each); Kelvin's figure includes compacting
 everything it staged. Beside the row-per-reading reference, the physical limit
 of Kelvin's layout: the same readings as blob rows in plain sqlite3
-(benchmarks/limits.py). Reads: one sensor, 1M points (best of 3). Other
+(benchmarks/limits.py). Every insert is counted back from storage (a loss or a duplicate fails the run).
+Reads: one sensor, 1M points (best of 3). Other
 backends' modules add their cases to ``CASES``.
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import limits
+from benchmarks.peers import influx_counted_back
 from services.common.readings import Batch
 from services.common.storage import chunks
 from services.common.storage.influxdb import InfluxStorage
@@ -123,7 +125,10 @@ async def kelvin_sqlite_insert(path: Path, data: list[Batch], seal: int | None =
     for b in data:
         await st.write(b)
     await st.compact()
+    stored = (await st.stats())["readings"]
     await st.close()
+    expected = sum(len(b) for b in data)
+    assert stored == expected, f"SQLite stored {stored:,} of {expected:,} readings"
 
 
 async def kelvin_sqlite_read(path: Path, n: int, repeat: int = 3) -> tuple[float, float]:
@@ -255,8 +260,10 @@ def influx_cases(tmp: Path, n_insert: int, n_read: int) -> list[Row]:
                     return n_insert / (time.perf_counter() - t)
 
                 k = max(k, asyncio.run(with_backend(backend, timed)))
+                influx_counted_back(server, backend.settings.database, "kelvin", n_insert)
                 _, raw_db = fresh()
                 r = max(r, rate(n_insert, raw_influx_insert, server.port, raw_db, data))
+                influx_counted_back(server, raw_db, "raw", n_insert)
             rows.append(
                 Row("InfluxDB", f"insert, {label}, batches of 10k", k, r, "HTTP POST", WITHIN)
             )

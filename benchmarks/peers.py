@@ -142,3 +142,12 @@ def wait_until(check: Any, timeout_s: float = 120.0, what: str = "") -> float:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.01)
     return time.time()
+
+
+def influx_counted_back(server: Any, db: str, measurement: str, expected: int) -> None:
+    """Every reading written is in InfluxDB database ``db`` once: it keeps one point per
+    series and time, so a lost or a duplicated write shows in the count."""
+    doc = server.query(f'SELECT count("value") FROM "{measurement}"', database=db)
+    series = doc["results"][0].get("series") or [{"values": [[0, 0]]}]
+    stored = int(series[0]["values"][0][1])
+    assert stored == expected, f"InfluxDB {db}.{measurement}: stored {stored:,} of {expected:,}"
