@@ -149,26 +149,19 @@ def batches(n: int, sensors: int) -> list[Batch]:
     return out
 
 
-def raw_insert(client: Any, data: list[Batch]) -> None:
-    """clickhouse-connect, column-oriented: names as a numpy object column, numbers as is."""
+def raw_insert(client: Any, data: list[Batch], sort: bool = False) -> None:
+    """clickhouse-connect, column-oriented: names as a numpy object column, numbers as is;
+    with ``sort``, each batch's rows first sorted by (sensor, time) on the client, as
+    Kelvin's writer sorts them (the server then has no sorting to do)."""
     for b in data:
         names = np.repeat(np.array(b.sensors, dtype=object), b.counts)
+        ts, vs = b.timestamps_ns, b.values
+        if sort:
+            uniq, codes = np.unique(names, return_inverse=True)
+            order = np.lexsort((ts, codes))
+            names, ts, vs = uniq[codes[order]], ts[order], vs[order]
         client.insert(
-            "readings", [names, b.timestamps_ns, b.values],
-            column_names=["sensor", "ts", "value"],
-            column_type_names=["String", "Int64", "Float64"], column_oriented=True,
-        )  # fmt: skip
-
-
-def raw_insert_sorted(client: Any, data: list[Batch]) -> None:
-    """:func:`raw_insert` with each batch's rows first sorted by (sensor, time) on the
-    client, as Kelvin's writer sorts them: the server then has no sorting to do."""
-    for b in data:
-        names = np.repeat(np.array(b.sensors, dtype=object), b.counts)
-        uniq, codes = np.unique(names, return_inverse=True)
-        order = np.lexsort((b.timestamps_ns, codes))
-        client.insert(
-            "readings", [uniq[codes[order]], b.timestamps_ns[order], b.values[order]],
+            "readings", [names, ts, vs],
             column_names=["sensor", "ts", "value"],
             column_type_names=["String", "Int64", "Float64"], column_oriented=True,
         )  # fmt: skip
@@ -338,7 +331,7 @@ def agent_section(
         rs = Cost()
         cl.settle()
         with measured(cl.pids, rs, cl.settle):
-            raw_insert_sorted(raw_s, data)
+            raw_insert(raw_s, data, sort=True)
         stored = [cl.count(db) for db in ("agent_k", "agent_r", "agent_s")]
         assert stored == [n, n, n], f"stored {stored} of {n} (Kelvin, raw, raw sorted)"
         k_rate = n / stored_s
