@@ -25,6 +25,7 @@ from services.collect_agent.kube_api import KubeApi
 from services.collect_agent.metrics import AgentMetrics
 from services.collect_agent.orphans import drain_dir
 from services.common.cli_util import SubParsers
+from services.common.config import read_yaml
 from services.common.errors import ConfigError
 from services.common.settings import Config
 from services.common.storage import StorageSettings, create_storage
@@ -112,9 +113,7 @@ def _cmd_drain(args: argparse.Namespace) -> int:
 
 
 def _cmd_orphans(args: argparse.Namespace) -> int:
-    import yaml
-
-    template = yaml.safe_load(args.job_template.read_text())
+    template = read_yaml(args.job_template, "the drain Job template")
     if not isinstance(template, dict) or template.get("kind") != "Job":
         raise ConfigError(f"{args.job_template}: not a Job manifest")
     if args.api_server:

@@ -62,6 +62,21 @@ class LoggingSettings(SectionModel):
     """Log every HTTP request (costs ~30 % of HTTP throughput)."""
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """The YAML (or JSON) document in ``path``; a file that cannot be read or parsed is a
+    :class:`ConfigError` naming it (and the line and column of a syntax error)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML: {exc}") from exc
+
+
 class Config:
     """A parsed configuration file plus command-line overrides, per section.
 
@@ -89,16 +104,7 @@ class Config:
 
     @staticmethod
     def _read(path: Path) -> dict[str, Any]:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read configuration file: {exc.strerror}") from exc
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}:{where} is not valid YAML: {exc}") from exc
+        doc = read_yaml(path, "configuration file")
         if doc is None:
             return {}
         if not isinstance(doc, dict):

@@ -220,6 +220,22 @@ def test_kelvin_spool_orphans_dry_run_creates_nothing(
         assert "401" in capsys.readouterr().err
 
 
+def test_a_broken_or_wrong_job_template_is_a_configuration_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["spool", "orphans", "--statefulset", STS, "--job-template"]
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"kind": "Job",\n')
+    assert kelvin([*args, str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken}: line 2, column 1 is not valid YAML" in err and "Traceback" not in err
+    assert kelvin([*args, str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the drain Job template: No such file" in capsys.readouterr().err
+    (tmp_path / "pod.json").write_text('{"kind": "Pod"}')
+    assert kelvin([*args, str(tmp_path / "pod.json")]) == 2
+    assert "not a Job manifest" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not shutil.which("openssl"), reason="openssl makes the test's certificate")
 def test_in_a_pod_it_verifies_the_api_server_with_the_cluster_ca(
     template: Obj, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
