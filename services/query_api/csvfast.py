@@ -106,11 +106,14 @@ def lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool = True) 
         return b""
     prefix = _csv_field(name).encode() + b","
     p = len(prefix)
-    lo, hi = int(ts_ns.min()), int(ts_ns.max())
     if compiled is not None:
-        width = p + (ISO_WIDTH if iso else len(str(hi))) + 1
-        if not iso and (lo < 0 or len(str(lo)) != width - p - 1):
-            return _slow_lines(name, ts_ns, values, iso)
+        if iso:  # (C writes any int64 time as ISO: no bounds to look for)
+            width = p + ISO_WIDTH + 1
+        else:
+            lo, hi = int(ts_ns.min()), int(ts_ns.max())
+            width = p + len(str(hi)) + 1
+            if lo < 0 or len(str(lo)) != width - p - 1:
+                return _slow_lines(name, ts_ns, values, iso)
         got = compiled.csv_lines(
             prefix,
             np.ascontiguousarray(ts_ns, np.int64),
@@ -121,6 +124,7 @@ def lines(name: str, ts_ns: Int64Array, values: Float64Array, iso: bool = True) 
         return _slow_lines(name, ts_ns, values, iso) if got is None else bytes(got)
     if bool(np.isinf(values).any()):
         return _slow_lines(name, ts_ns, values, iso)
+    lo, hi = int(ts_ns.min()), int(ts_ns.max())
     if iso:
         if lo < _MIN_NS or hi >= _MAX_NS:
             return _slow_lines(name, ts_ns, values, iso)

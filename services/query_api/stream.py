@@ -1,91 +1,125 @@
-"""Streaming plain readings: the next time slice is read while the current one is sent.
+"""Streaming plain readings: slices read and encoded on worker threads while earlier ones are sent.
 
 A plain request (one stored sensor, no operation, no resampling; units and
-factors allowed) is split into ``pieces`` equal time slices. Storage reads
-slice *k+1* on its own thread while slice *k* is encoded (CSV on a worker
-thread, where numpy releases the GIL) and written to the socket, so the
-response costs about the larger of reading and encoding, not their sum, and
-memory holds two slices, not the whole answer. JSON keeps the contract's
-keys; ``count`` comes last because it is known only at the end.
+factors allowed) is split into ``pieces`` equal time slices. Each slice is read
+by storage and encoded (JSON numbers or CSV lines) on worker threads, a few
+slices ahead of the one being written to the socket; none of that holds the
+GIL, so the answer costs about its reading and encoding spread over the cores,
+not their sum, and memory holds the slices in flight, not the whole answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import numpy as np
 import orjson
 
-from services.common.readings import Series
 from services.query_api import csvfast, encode, limits
 from services.query_api.limits import Held
 from services.query_api.query import Reader, Result, apply
 from services.query_api.spec import Spec
 
-_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+AHEAD = 5
+"""Slices in flight (being read, encoded, or waiting to be sent) beside the one being
+sent. Reads and encodings hold no GIL (SQLite, zlib and the compiled encoders), so the
+slices keep both cores of a small machine busy while the event loop writes to the
+socket; new slices start as the sender takes finished ones, so the window must outlast
+a slow send (3 left the cores idle while the sender waited for the socket: 1M points
+measured ~15 % slower than 5; 8 no faster than 5)."""
 
+INLINE_READINGS = 4096
+"""Slices smaller than this are encoded on the event loop (~0.1 ms): cheaper than the
+hand-off to a worker thread and back."""
 
-READ_AHEAD = 2
-"""Slices being read while one is encoded: storage decompresses without the GIL, so
-two reads use both cores of a small machine."""
+T = TypeVar("T")
 
 
 def is_plain(spec: Spec) -> bool:
     return not spec.operations and not spec.has_wildcard
 
 
-async def pieces(
-    reader: Reader, spec: Spec, start_ns: int, end_ns: int, count: int
-) -> AsyncIterator[Result]:
-    """The answer for a plain ``spec`` slice by slice, reading ``READ_AHEAD`` slices ahead.
+async def encoded(
+    reader: Reader,
+    spec: Spec,
+    start_ns: int,
+    end_ns: int,
+    count: int,
+    encode_slice: Callable[[Result], T],
+    on_points: Callable[[int], None] = lambda n: None,
+) -> AsyncIterator[T]:
+    """``encode_slice`` of each slice of a plain ``spec``'s answer, in order.
 
-    Under a memory budget a long range is probed first and cut into as many slices as
-    keep each within it (services/query_api/limits.py).
+    Each slice is read by storage and then encoded on a worker thread, ``AHEAD`` slices
+    ahead of the one the caller is sending, so the answer costs about its reading and
+    encoding spread over the cores, not their sum. Under a memory budget a long range is
+    probed first and cut into as many slices as keep each within it
+    (services/query_api/limits.py); ``on_points`` is told each slice's readings.
     """
     unit = await reader.catalog.unit(spec.sensor) or ""
     origin = start_ns
-    probe = limits.probe_end(start_ns, end_ns, READ_AHEAD)
-    if probe is not None:
-        first = await reader.series(spec.sensor, start_ns, probe, streamed=True)
-        count = limits.stream_slices(
-            len(first), probe - start_ns, end_ns - probe, count, READ_AHEAD
-        )
-        yield apply(spec, spec.sensor, unit, first, origin, None, "avg")
+    loop = asyncio.get_running_loop()
+
+    async def job(lo: int, hi: int) -> tuple[int, T]:
+        raw = await reader.series(spec.sensor, lo, hi, streamed=True)
+
+        def work() -> T:
+            return encode_slice(apply(spec, spec.sensor, unit, raw, origin, None, "avg"))
+
+        if len(raw) < INLINE_READINGS:
+            return len(raw), work()
+        return len(raw), await loop.run_in_executor(None, work)
+
+    probe = limits.probe_end(start_ns, end_ns, AHEAD)
+    if probe is None:
+        count = 1
+    else:
+        n, first = await job(start_ns, probe)
+        count = limits.stream_slices(n, probe - start_ns, end_ns - probe, count, AHEAD)
+        on_points(n)
+        yield first
         del first
         start_ns = probe
     bounds = np.unique(np.linspace(start_ns, end_ns, count + 1).astype(np.int64)).tolist()
     bounds[0], bounds[-1] = start_ns, end_ns
+    todo = itertools.pairwise(bounds)
+    pending: deque[asyncio.Future[tuple[int, T]]] = deque()
 
-    def read(i: int) -> asyncio.Future[Series]:
-        return asyncio.ensure_future(
-            reader.series(spec.sensor, bounds[i], bounds[i + 1], streamed=True)
-        )
+    def more() -> None:
+        while len(pending) < AHEAD and (b := next(todo, None)) is not None:
+            pending.append(asyncio.ensure_future(job(*b)))
 
-    slices = len(bounds) - 1
-    ahead = deque(read(i) for i in range(min(READ_AHEAD, slices)))
+    more()
     try:
-        for i in range(slices):
-            raw = await ahead.popleft()
-            if i + READ_AHEAD < slices:
-                ahead.append(read(i + READ_AHEAD))
-                # let the read reach its storage thread before this slice is encoded,
-                # which holds the event loop: else nothing overlaps
-                await asyncio.sleep(0)
-            yield apply(spec, spec.sensor, unit, raw, origin, None, "avg")
+        while pending:
+            n, part = await pending.popleft()
+            more()
+            on_points(n)
+            yield part
+            del part
     finally:
-        for fut in ahead:
+        for fut in pending:  # the client went away: nobody waits for these
             fut.cancel()
 
 
 async def json_body(
-    head: Result, parts: AsyncIterator[Result], start_ns: int, end_ns: int
+    reader: Reader,
+    spec: Spec,
+    head: Result,
+    start_ns: int,
+    end_ns: int,
+    count: int,
+    on_points: Callable[[int], None] = lambda n: None,
 ) -> AsyncIterator[bytes | memoryview]:
     """The readings JSON object; ``head`` (an empty result) gives sensor, unit and label.
 
-    Each slice's numbers are sent as orjson wrote them (a view without the
-    brackets, no copy); the values wait for the end, encoded already.
+    Each slice's numbers are sent as the encoder wrote them (a view without the
+    brackets, no copy); the values wait for the end, encoded already. JSON keeps the
+    contract's keys; ``count`` comes last because it is known only at the end.
     """
     meta = {
         "sensor": head.sensor,
@@ -96,51 +130,56 @@ async def json_body(
     }
     yield orjson.dumps(meta)[:-1] + b',"timestamps_ns":['
     values = Held()  # bounded: beyond the request's budget they wait in a temporary file
-    count = 0
-    loop = asyncio.get_running_loop()
-    async for part in parts:
-        if len(part) == 0:
+    total = 0
+    async for n, ts_body, vs_body in encoded(
+        reader, spec, start_ns, end_ns, count, _json_numbers, on_points
+    ):
+        if n == 0:
             continue
-        if count:
+        if total:
             yield b","
-        ts_body, vs_body = await loop.run_in_executor(None, _json_numbers, part)
-        yield ts_body
-        if count:
             await values.add(b",")
+        yield ts_body
         await values.add(vs_body)
-        count += len(part)
+        total += n
     yield b'],"values":['
     async for body in values.drain():
         yield body
-    yield b'],"count":' + str(count).encode() + b"}"
+    yield b'],"count":' + str(total).encode() + b"}"
 
 
-def _json_numbers(part: Result) -> tuple[memoryview, memoryview]:
+def _json_numbers(part: Result) -> tuple[int, memoryview, memoryview]:
     """A slice's timestamps and values as JSON numbers without brackets (views, no copy)."""
-    return encode.numbers(part.timestamps_ns), encode.numbers(part.values)
+    return len(part), encode.numbers(part.timestamps_ns), encode.numbers(part.values)
 
 
 CSV_POINTS = 32_768
 """Readings per CSV piece: ~2 MB of text, small enough to stay in cache and for the
 allocator to reuse its memory (8x larger pieces measured ~20 % slower)."""
-CSV_AHEAD = 3
-"""Pieces encoded at once on worker threads (numpy releases the GIL)."""
 
 
-async def csv_lines(parts: AsyncIterator[Result], iso: bool) -> AsyncIterator[bytes]:
-    """DCDB CSV lines of each slice, encoded on worker threads a few pieces ahead."""
-    loop = asyncio.get_running_loop()
-    pending: deque[asyncio.Future[bytes]] = deque()
-    try:
-        async for part in parts:
-            for i in range(0, len(part), CSV_POINTS):
-                ts, vs = part.timestamps_ns[i : i + CSV_POINTS], part.values[i : i + CSV_POINTS]
-                # submitted now (a task would only start at the next await)
-                pending.append(loop.run_in_executor(None, csvfast.lines, part.sensor, ts, vs, iso))
-                if len(pending) >= CSV_AHEAD:
-                    yield await pending.popleft()
-        while pending:
-            yield await pending.popleft()
-    finally:
-        for fut in pending:  # the client went away: nobody waits for these
-            fut.cancel()
+async def csv_lines(
+    reader: Reader,
+    spec: Spec,
+    start_ns: int,
+    end_ns: int,
+    count: int,
+    iso: bool,
+    on_points: Callable[[int], None] = lambda n: None,
+) -> AsyncIterator[bytes]:
+    """DCDB CSV lines of a plain ``spec``, each slice encoded on a worker thread."""
+
+    def lines(part: Result) -> list[bytes]:
+        return [
+            csvfast.lines(
+                part.sensor,
+                part.timestamps_ns[i : i + CSV_POINTS],
+                part.values[i : i + CSV_POINTS],
+                iso,
+            )
+            for i in range(0, len(part), CSV_POINTS)
+        ]
+
+    async for pieces in encoded(reader, spec, start_ns, end_ns, count, lines, on_points):
+        for piece in pieces:
+            yield piece

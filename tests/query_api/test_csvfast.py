@@ -142,3 +142,61 @@ def test_the_compiled_writer_on_the_edges_of_doubles(monkeypatch: pytest.MonkeyP
     ts = 1_764_547_200 * SECOND + np.arange(arr.shape[0], dtype=np.int64) * 997_000_003
     a, b = _both(monkeypatch, lambda: csvfast.lines("/e", ts, arr, True))
     assert a == b
+
+
+def test_the_compiled_writers_shortcuts_write_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """csrc/encode.c takes shortcuts for what sensors send: short decimals (their digits
+    without Schubfach), timestamps sharing leading digits, times within one minute. The
+    same bytes as orjson and the numpy code on each shortcut's edges: decimals of 0 to 8
+    places at every magnitude around the shortcut's bounds (1, 10^8, 10^9) and the
+    doubles next to them, timestamps that cross 10^10 and change their leading digits at
+    every step, and times across minutes, days and 1970."""
+    rng = np.random.default_rng(17)
+    vals = []
+    for places in range(9):
+        for mag in (
+            1e-7,
+            1e-5,
+            1e-3,
+            0.5,
+            1.0,
+            7.0,
+            1e3,
+            1e7,
+            9.9e7,
+            1e8,
+            1.2e8,
+            9.99e8,
+            1e9,
+            1e10,
+        ):
+            digits = rng.integers(0, 10**6, 40) / 10**places
+            for v in (mag + digits * mag / 10**6, np.round(mag * (1 + digits / 10**6), places)):
+                vals += v.tolist()
+    vals += [1.0, 1e8, 99999999.999999, 100000000.0, 999999999.999999, 1e9, 0.999999, 1.000001]
+    vals += [math.nextafter(v, d) for v in list(vals) for d in (0.0, math.inf)]
+    arr = np.array(vals + [-v for v in vals])
+    assert np.isfinite(arr).all()
+    a, b = _both(monkeypatch, lambda: bytes(encode.numbers(arr)))
+    assert a == b == orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    steps = rng.integers(1, 10**11, 3000).cumsum()
+    for ts in (
+        (10**10 - 1500 + np.arange(3000)).astype(np.int64),  # crossing 10^10
+        (1_764_547_200 * SECOND + steps).astype(np.int64),  # leading digits change
+        np.sort(rng.integers(-(2**63), 2**63 - 1, 3000)),
+    ):
+        a, b = _both(monkeypatch, lambda ts=ts: bytes(encode.numbers(ts)))
+        assert a == b == orjson.dumps(ts, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    v = arr[:3000]
+    for ts in (
+        (1_764_547_140 * SECOND + np.arange(3000) * 997_000_001).astype(np.int64),  # minutes
+        (-5 * 86400 * SECOND + np.arange(3000) * 61 * 7919 * 10**6).astype(np.int64),  # 1970
+        np.sort(rng.integers(-(2**62), 2**62, 3000)),
+    ):
+        a, b = _both(monkeypatch, lambda ts=ts: csvfast.lines("/hall/row0/rack0/n0/p", ts, v))
+        assert a == b
+    long_name = "/" + "x" * 40  # longer than the one-block copy of a line's head
+    a, b = _both(monkeypatch, lambda: csvfast.lines(long_name, ts, v))
+    assert a == b

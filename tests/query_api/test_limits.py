@@ -152,3 +152,33 @@ def _download(url: str, params: dict[str, str]) -> int:
         for chunk in r.iter_raw():
             size += len(chunk)
     return size
+
+
+async def test_freed_memory_goes_back_once_heavy_queries_are_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-to-back answers keep malloc's pages warm; a pause hands them back, once."""
+    from services.query_api import limits
+
+    trims: list[float] = []
+    monkeypatch.setattr(limits, "_malloc_trim", lambda: trims.append(1.0))
+    monkeypatch.setattr(limits, "TRIM_IDLE_S", 0.5)
+    assert limits.tune_malloc(), "glibc's mallopt refused the thresholds"
+    svc, held = await _start(tmp_path)
+    try:
+        await held.inner.write(Batch.single("/fast", np.array([T0]), np.array([2.0])))
+        params = {"sensor": "/fast", "start": str(T0), "end": str(T0 + S)}
+        async with admin_client(svc.port, timeout=30) as c:
+            for _ in range(5):
+                assert (await c.get("/api/v1/readings", params=params)).status_code == 200
+            assert trims == [], "trimmed between back-to-back heavy queries"
+            await c.get("/api/v1/sensors")  # not a heavy query: no trim, no delay
+            for _ in range(100):
+                if trims:
+                    break
+                await asyncio.sleep(0.05)
+            assert trims == [1.0]
+            await asyncio.sleep(0.7)
+            assert trims == [1.0], "trimmed again with nothing new to hand back"
+    finally:
+        await svc.stop()

@@ -9,13 +9,16 @@
  *   way to render doubles", 2020): the shortest decimal that reads back to the
  *   same double, the closest one when there are several; the 128-bit powers of
  *   ten it needs come from Python (services/common/native.py computes them
- *   exactly with integers);
+ *   exactly with integers); short decimals, what most sensors send (250.125),
+ *   take a shortcut that gives the same digits without its 128-bit products;
  * - laid out as orjson lays them out: scientific (``1e+16``, ``1.5e-7``) when the
  *   decimal exponent is below -5 or at least 16, else positional with at least
  *   one fractional digit (``100.0``, ``0.00001``); non-finite values are
  *   ``null`` in JSON and empty in CSV (csv_lines refuses infinities, which
  *   the Python code writes as ``inf``);
- * - ISO 8601 times with nanoseconds or raw integers.
+ * - ISO 8601 times with nanoseconds or raw integers; what neighbouring readings share
+ *   (a timestamp's leading digits, a time's date, hour and minute) is written once
+ *   and copied while it lasts.
  *
  * services/common/native.py checks the layout against the installed orjson
  * before the query API uses it; the tests compare every byte with the Python paths.
@@ -172,6 +175,46 @@ static void shortest(uint64_t bits, uint64_t *d, int *k) {
 }
 #endif
 
+/* Most readings are short decimals (250.123, 21.5): then m = round(a * 10^6) is an
+   integer below 10^15 that reads back as a (m / 10^6 is correctly rounded, as reading
+   the decimal is). Decimals of at most 15 significant digits read back to distinct
+   doubles, so m * 10^-6 is the only one of them that gives a, and Schubfach's shortest
+   (it has no more digits) is the same number: its digits without the 128-bit products.
+   a > 0 and finite. */
+static inline int short_decimal(double a, uint64_t *d, int *k) {
+    if (!(a < 1e9)) return 0;
+    /* a * 10^6 + 0.5 is exact below 2^52, so the truncation rounds to nearest (signed
+       conversions: one instruction each way) */
+    int64_t m = (int64_t)(a * 1e6 + 0.5);
+    if ((double)m / 1e6 != a) return 0;
+    *d = (uint64_t)m; /* (trailing zeros: the writer drops them) */
+    *k = -6;
+    return 1;
+}
+
+/* ``ip.frac`` for ip < 10^8 and six fractional digits, trailing zeros dropped but one
+   kept: orjson's positional layout, written straight from the two integers. */
+static inline char *write_fixed6(char *p, uint32_t ip, uint32_t frac) {
+    p = write_small(p, ip);
+    *p = '.';
+    if (frac == 0) {
+        p[1] = '0';
+        return p + 2;
+    }
+    char tmp[16];
+    write8(tmp, frac); /* "00dddddd" */
+    uint64_t w;
+    memcpy(&w, tmp, 8);
+    w ^= 0x3030303030303030ULL; /* zero bytes where the text has '0' (frac > 0: w != 0) */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    int zeros = __builtin_ctzll(w) / 8;
+#else
+    int zeros = __builtin_clzll(w) / 8;
+#endif
+    memcpy(p + 1, tmp + 2, 8);
+    return p + 7 - zeros;
+}
+
 /* v (finite) as orjson writes it; returns the end. At most 24 bytes, and it may
    write garbage up to 48 bytes past the end (the callers leave that room). */
 static char *write_double(char *p, double v) {
@@ -185,9 +228,16 @@ static char *write_double(char *p, double v) {
     }
     uint64_t d = 0;
     int k = 0;
+    double a;
+    memcpy(&a, &bits, 8);
+    if (short_decimal(a, &d, &k)) {
+        if (d >= 1000000 && d < 100000000000000ULL) /* 1 <= a < 10^8: positional */
+            return write_fixed6(p, (uint32_t)(d / 1000000), (uint32_t)(d % 1000000));
+    } else {
 #if HAVE_U128
-    shortest(bits, &d, &k);
+        shortest(bits, &d, &k);
 #endif
+    }
     char tmp[64];
     memcpy(tmp, "00000000", 8); /* (read by the zero count, never written out) */
     char *first = tmp + 8;
@@ -310,6 +360,34 @@ static char *write_iso(char *p, int64_t t, DayCache *dc) {
     return p;
 }
 
+/* write_iso for times at or after 1970, the text up to the minute kept from the last
+   time in the same minute (readings a second apart share it for a minute). */
+typedef struct {
+    int64_t minute;
+    char text[32]; /* YYYY-MM-DDTHH:MM: */
+    DayCache dc;
+} MinuteCache;
+
+static inline char *write_iso_cached(char *p, int64_t t, MinuteCache *mc) {
+    if (t < 0) return write_iso(p, t, &mc->dc);
+    uint64_t sec = (uint64_t)t / 1000000000, frac = (uint64_t)t % 1000000000;
+    uint64_t minute = sec / 60;
+    unsigned s = (unsigned)(sec - minute * 60);
+    if ((int64_t)minute != mc->minute) {
+        char tmp[48];
+        write_iso(tmp, t, &mc->dc);
+        memcpy(mc->text, tmp, 17);
+        mc->minute = (int64_t)minute;
+    }
+    memcpy(p, mc->text, 17);
+    memcpy(p + 17, DIGITS2 + 2 * s, 2);
+    p[19] = '.';
+    p[20] = (char)('0' + frac / 100000000);
+    write8(p + 21, (uint32_t)(frac % 100000000));
+    p[29] = 'Z';
+    return p + 30;
+}
+
 /* ------------------------------------------------------------------ entry points */
 
 static int get_arrays(PyObject *ts_o, PyObject *vs_o, Py_buffer *ts, Py_buffer *vs) {
@@ -371,9 +449,28 @@ static PyObject *json_numbers(PyObject *Py_UNUSED(module), PyObject *args) {
             *p++ = ',';
         }
     } else {
+        /* Timestamps in ns share their leading digits with their neighbours: the digits
+           above the last ten are written once per change, not per number. */
         const int64_t *t = b.buf;
+        uint64_t hi_of = UINT64_MAX;
+        char hi[32];
+        int hi_len = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            p = write_i64(p, t[i]);
+            int64_t v = t[i];
+            if (v >= 10000000000LL) {
+                uint64_t u = (uint64_t)v, top = u / 10000000000ULL, low = u - top * 10000000000ULL;
+                if (top != hi_of) {
+                    hi_len = (int)(write_u64(hi, top) - hi);
+                    hi_of = top;
+                }
+                memcpy(p, hi, 16); /* (hi_len <= 9; the buffer has room) */
+                p += hi_len;
+                memcpy(p, DIGITS2 + 2 * (low / 100000000), 2);
+                write8(p + 2, (uint32_t)(low % 100000000));
+                p += 10;
+            } else {
+                p = write_i64(p, v);
+            }
             *p++ = ',';
         }
     }
@@ -417,12 +514,18 @@ static PyObject *csv_lines(PyObject *Py_UNUSED(module), PyObject *args) {
         return NULL;
     }
     char *p = PyBytes_AS_STRING(out), *p0 = p;
-    DayCache dc = {INT64_MIN, {0}};
+    MinuteCache mc = {INT64_MIN, {0}, {INT64_MIN, {0}}};
+    char head[32] = {0}; /* a short prefix is copied as one fixed-size block */
+    int short_prefix = plen <= (Py_ssize_t)sizeof head;
+    if (short_prefix) memcpy(head, prefix, (size_t)plen);
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t i = 0; i < n; i++) {
-        memcpy(p, prefix, (size_t)plen);
+        if (short_prefix) /* (garbage past plen is overwritten; the buffer has 64 bytes of room) */
+            memcpy(p, head, sizeof head);
+        else
+            memcpy(p, prefix, (size_t)plen);
         p += plen;
-        p = iso ? write_iso(p, t[i], &dc) : write_i64(p, t[i]);
+        p = iso ? write_iso_cached(p, t[i], &mc) : write_i64(p, t[i]);
         *p++ = ',';
         if (!isnan(v[i])) {
             char *start = p;

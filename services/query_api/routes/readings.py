@@ -99,8 +99,9 @@ def router(ctx: ApiContext) -> APIRouter:
             first = answers[0]
             if isinstance(first, tuple):
                 spec, head = first
-                parts = _counted(stream.pieces(ctx.reader, spec, start_ns, end_ns, pieces))
-                body = stream.json_body(head, parts, start_ns, end_ns)
+                body = stream.json_body(
+                    ctx.reader, spec, head, start_ns, end_ns, pieces, ctx.metrics.points.inc
+                )
                 return StreamingResponse(body, media_type="application/json")
             ctx.metrics.points.inc(len(first[0]))
             chunk = ctx.settings.stream_chunk_points
@@ -116,11 +117,6 @@ def router(ctx: ApiContext) -> APIRouter:
         unit = await ctx.catalog.unit(p.sensor) or ""
         return apply(p, p.sensor, unit, Series.empty(p.sensor), 0, None, "avg")
 
-    async def _counted(parts: AsyncIterator[Result]) -> AsyncIterator[Result]:
-        async for part in parts:
-            ctx.metrics.points.inc(len(part))
-            yield part
-
     async def _csv(
         answers: list[list[Result] | tuple[Spec, Result]], start_ns: int, end_ns: int, iso: bool
     ) -> AsyncIterator[bytes]:
@@ -131,10 +127,15 @@ def router(ctx: ApiContext) -> APIRouter:
                 if head.label != label:
                     label = head.label
                     yield encode.csv_header(label)
-                parts = stream.pieces(
-                    ctx.reader, spec, start_ns, end_ns, ctx.settings.stream_pieces
-                )
-                async for chunk in stream.csv_lines(_counted(parts), iso):
+                async for chunk in stream.csv_lines(
+                    ctx.reader,
+                    spec,
+                    start_ns,
+                    end_ns,
+                    ctx.settings.stream_pieces,
+                    iso,
+                    ctx.metrics.points.inc,
+                ):
                     yield chunk
                 continue
             for result in answer:
