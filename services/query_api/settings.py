@@ -53,8 +53,9 @@ class Settings(SectionSettings):
     stream_chunk_points: int = Field(65_536, ge=1024)
     """Readings per chunk when streaming a response (memory per request stays bounded)."""
     stream_pieces: int = Field(8, ge=1, le=1024)
-    """A plain readings request is read in this many time slices, each read while the
-    previous one is sent (see services/query_api/stream.py)."""
+    """A plain readings request is read in up to this many time slices (fewer when they
+    would be small, more when the memory budget needs them), read and encoded while
+    earlier ones are sent (see services/query_api/stream.py)."""
     max_points: int = Field(50_000_000, ge=1)
     """Largest number of readings (or virtual grid points) one request may produce."""
     max_heavy_queries: int = Field(2, ge=1)

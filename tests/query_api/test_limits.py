@@ -182,3 +182,28 @@ async def test_freed_memory_goes_back_once_heavy_queries_are_idle(
             assert trims == [1.0], "trimmed again with nothing new to hand back"
     finally:
         await svc.stop()
+
+
+def test_a_streamed_answer_is_cut_into_as_many_slices_as_pay_for_themselves() -> None:
+    """A short range is one read; a longer one is probed and cut into up to ``count``
+    slices of at least MIN_SLICE_READINGS; one that could outgrow the budget into at
+    least ``count``, and as many as keep each slice within the budget."""
+    from services.query_api import limits
+
+    token = limits._account.set(limits.Account(512 << 20))
+    try:
+        ahead, count = 5, 8
+        assert limits.probe_end(T0, T0 + S, ahead) is None  # 1 s: one slice even at 1 kHz
+        for readings, want in ((0, 1), (10, 1), (100_000, 3), (1_000_000, 8)):
+            rest = 500 * S  # within the budget even at 1 kHz (500k readings)
+            got = limits.stream_slices(readings // 64, rest // 63, rest, count, ahead)
+            assert got == want, (readings, got)
+        long_ns = 10**6 * S  # 1M s: could hold 10^9 readings at 1 kHz
+        probe = limits.probe_end(T0, T0 + long_ns, ahead)
+        assert probe == T0 + long_ns // limits.PROBE_FRACTION
+        assert limits.stream_slices(0, probe - T0, long_ns, count, ahead) == count
+        per_slice = limits._slice_points(limits._account.get(), ahead)  # type: ignore[arg-type]
+        dense = limits.stream_slices(10**8, probe - T0, long_ns - (probe - T0), count, ahead)
+        assert dense > count and dense * per_slice >= 63 * 10**8
+    finally:
+        limits._account.reset(token)
