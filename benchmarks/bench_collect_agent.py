@@ -88,8 +88,17 @@ def _publish_args(port: int, messages: int, readings: int) -> list[str]:
 
 
 async def kelvin(
-    work: Path, messages: int, readings: int, storage: dict[str, Any], probe: bool
+    work: Path,
+    messages: int,
+    readings: int,
+    storage: dict[str, Any],
+    probe: bool,
+    mark: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
+    """One agent run: ``messages`` of ``readings`` published, until all is stored, then
+    every reading counted back. ``mark`` is called with "start" just before the first
+    publish and "stored" once the spool is empty (before the count back), so a caller
+    can measure what the ingest alone cost."""
     cfg = Config(
         overrides={
             "collect_agent": {"host": "127.0.0.1", "port": 0, "mqtt_port": 0,
@@ -103,9 +112,13 @@ async def kelvin(
     try:
         assert agent.mqtt_port
         login = ["--username", MQTT_LOGIN["username"], "--password", MQTT_LOGIN["password"]]
+        if mark is not None:
+            mark("start")
         res = await _loadgen(*_publish_args(agent.mqtt_port, messages, readings), *login)
         await agent.spool.wait_empty()
         stored_s = time.time() - res["start"]
+        if mark is not None:
+            mark("stored")
         assert agent.storage is not None
         await count_back(agent.storage, messages, readings)
         out = {"ack_msgs": res["rate"], "stored_s": stored_s}
