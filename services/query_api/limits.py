@@ -303,8 +303,6 @@ class HeavyQueryGate:
         self.max_heavy, self.wait_s, self.memory_bytes = max_heavy, wait_s, memory_bytes
         self.refused = refused
         self.running = 0
-        self.trims = 0
-        """Times freed memory was handed back (after heavy queries went idle)."""
         self._idle: asyncio.TimerHandle | None = None
         self._trimming: asyncio.Task[None] | None = None
         tune_malloc()
@@ -337,7 +335,6 @@ class HeavyQueryGate:
         self._idle = None
         if self.running == 0 and (self._trimming is None or self._trimming.done()):
             self._trimming = asyncio.ensure_future(asyncio.to_thread(_malloc_trim))
-            self.trims += 1
 
     async def _busy(self, scope: Scope, send: Send) -> None:
         self.refused.labels("busy").inc()

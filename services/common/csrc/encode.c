@@ -201,7 +201,7 @@ static inline char *write_fixed6(char *p, uint32_t ip, uint32_t frac) {
         p[1] = '0';
         return p + 2;
     }
-    char tmp[16];
+    char tmp[16] = {0};
     write8(tmp, frac); /* "00dddddd" */
     uint64_t w;
     memcpy(&w, tmp, 8);
@@ -453,7 +453,7 @@ static PyObject *json_numbers(PyObject *Py_UNUSED(module), PyObject *args) {
            above the last ten are written once per change, not per number. */
         const int64_t *t = b.buf;
         uint64_t hi_of = UINT64_MAX;
-        char hi[32];
+        char hi[32] = {0};
         int hi_len = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t v = t[i];
