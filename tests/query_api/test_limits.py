@@ -33,12 +33,17 @@ class HeldStorage:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
         self.reads: list[tuple[str, int, int]] = []
+        self.free = 0
+        """Reads of ``/slow`` let through before the gate holds the rest."""
 
     async def read(self, sensor: str, start_ns: int, end_ns: int) -> Series:
         self.reads.append((sensor, start_ns, end_ns))
         if sensor == "/slow":
             self.entered.set()
-            await self.gate.wait()
+            if self.free > 0:
+                self.free -= 1
+            else:
+                await self.gate.wait()
         return await self.inner.read(sensor, start_ns, end_ns)
 
     def __getattr__(self, name: str) -> Any:
@@ -207,3 +212,64 @@ def test_a_streamed_answer_is_cut_into_as_many_slices_as_pay_for_themselves() ->
         assert dense > count and dense * per_slice >= 63 * 10**8
     finally:
         limits._account.reset(token)
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+async def test_a_client_that_goes_away_mid_answer_frees_its_slot_and_work(
+    tmp_path: Path, fmt: str
+) -> None:
+    """A client takes the first slice of a 400k-reading answer and closes the socket while
+    the next slices are being read: they are cancelled (not left to finish for nobody),
+    the one heavy-query slot is free for the next request, and that answer is whole."""
+    from tests.query_api.conftest import headers
+
+    n = 400_000
+    svc, held = await _start(tmp_path, max_heavy_queries=1, heavy_query_wait_s=0.2)
+    try:
+        ts = T0 + np.arange(n, dtype=np.int64) * S
+        for name in ("/slow", "/big"):
+            await held.inner.write(Batch.single(name, ts, np.arange(n, dtype=np.float64) / 8))
+        span = {"start": str(T0), "end": str(T0 + n * S), "format": fmt}
+        before = set(asyncio.all_tasks())
+        held.free = 1  # the first slice (the density probe) is read; the rest wait
+        auth = "".join(f"{k}: {v}\r\n" for k, v in headers().items())
+        query = "&".join(f"{k}={v}" for k, v in {"sensor": "/slow", **span}.items())
+        reader, writer = await asyncio.open_connection("127.0.0.1", svc.port)
+        writer.write(
+            f"GET /api/v1/readings?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode()
+        )
+        got = await reader.read(4096)
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        for _ in range(200):  # the next slices start once the first is sent
+            if len(jobs := _jobs(before)) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(jobs) >= 2, "slices were not read ahead: the test would prove nothing"
+        writer.transport.abort()  # gone, with most of the answer unsent
+        async with admin_client(svc.port, timeout=30) as c:
+            params = {"sensor": "/big", **span}
+            for _ in range(100):  # the server sees the client gone at its next event
+                r = await c.get("/api/v1/readings", params=params)
+                if r.status_code != 503:
+                    break
+            assert r.status_code == 200, r.text[:200]
+            if fmt == "json":
+                body = r.json()
+                assert body["count"] == n and body["timestamps_ns"][-1] == int(ts[-1])
+                assert body["values"][-1] == (n - 1) / 8
+            else:
+                lines = r.text.splitlines()
+                assert len(lines) == n + 1 and lines[-1].endswith(f",{(n - 1) / 8}")
+        assert all(t.cancelled() for t in jobs), jobs
+    finally:
+        held.gate.set()
+        await svc.stop()
+
+
+def _jobs(before: set[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    """Slices of a streamed answer still being read or encoded (stream.encoded's jobs)."""
+    return [
+        t
+        for t in asyncio.all_tasks() - before
+        if not t.done() and "encoded.<locals>.job" in repr(t.get_coro())
+    ]
