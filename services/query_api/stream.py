@@ -49,7 +49,8 @@ def _encoders() -> ThreadPoolExecutor:
     six measured 5-10 % slower on two cores)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="encode")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        _pool = ThreadPoolExecutor(cores or os.cpu_count() or 1, thread_name_prefix="encode")
     return _pool
 
 
