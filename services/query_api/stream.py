@@ -1,11 +1,13 @@
 """Streaming plain readings: slices read and encoded on worker threads while earlier ones are sent.
 
 A plain request (one stored sensor, no operation, no resampling; units and
-factors allowed) is split into ``pieces`` equal time slices. Each slice is read
-by storage and encoded (JSON numbers or CSV lines) on worker threads, a few
-slices ahead of the one being written to the socket; none of that holds the
-GIL, so the answer costs about its reading and encoding spread over the cores,
-not their sum, and memory holds the slices in flight, not the whole answer.
+factors allowed) is read in time slices: a short range in one, a longer one
+probed first and cut into up to ``pieces`` equal slices (more when the memory
+budget needs them; services/query_api/limits.py decides). Each slice is read by
+storage and encoded (JSON numbers or CSV lines) on worker threads, a few slices
+ahead of the one being written to the socket; none of that holds the GIL, so
+the answer costs about its reading and encoding spread over the cores, not their
+sum, and memory holds the slices in flight, not the whole answer.
 """
 
 from __future__ import annotations
