@@ -53,6 +53,7 @@ S = 1_000_000_000
 Rows = list[tuple[str, float, str]]
 RUNS = 3
 HTTP_RUNS = 11
+SMALL_RUNS = 51
 REF_RUNS = 11
 
 
@@ -168,13 +169,13 @@ uvicorn.run(app, host="127.0.0.1", port=port, loop="asyncio", log_level="warning
 """
 
 
-def _transport_floor(size: int) -> float:
+def _transport_floor(size: int, runs: int = HTTP_RUNS) -> float:
     """Median time to GET ``size`` bytes, streamed in 2 MB pieces, from a bare uvicorn app."""
     port = _free_port()
     proc = _start([sys.executable, "-c", _BYTES_APP, str(size), str(port)], {}, port, "/readyz")
     try:
         http_get(port, "/bytes", {})
-        return _median(lambda: http_get(port, "/bytes", {}), HTTP_RUNS)
+        return _median(lambda: http_get(port, "/bytes", {}), runs)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -305,6 +306,12 @@ async def _readings(tmp: Path, n: int) -> Rows:
                 HTTP_RUNS,
             )
             cpu_s[fmt] = (_proc_cpu(proc.pid) - c) / HTTP_RUNS
+        # A short answer costs mostly its fixed part: one reading, beside the same bytes
+        # from the bare app (what HTTP alone costs).
+        one = {"sensor": name, "start": str(t0), "end": str(t0 + S), "format": "json"}
+        status, one_size = http_get(port, "/api/v1/readings", one)
+        assert status == 200, status
+        one_s = _median(lambda: http_get(port, "/api/v1/readings", one), SMALL_RUNS)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -340,6 +347,12 @@ async def _readings(tmp: Path, n: int) -> Rows:
             )
         )
     rows += [(w, t, f"{t / raw:.2f}") for w, t, _ in _peers(tmp, name, ts, vs)]
+    bare_one = _transport_floor(one_size, SMALL_RUNS)
+    rows += [
+        ("short answer: GET /api/v1/readings JSON, 1 reading (ratio: to the row below)",
+         one_s, f"{one_s / bare_one:.2f}"),
+        (f"short answer: the same {one_size} bytes from a bare uvicorn app", bare_one, "1.00"),
+    ]  # fmt: skip
     return rows
 
 
