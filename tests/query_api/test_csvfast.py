@@ -181,6 +181,12 @@ def test_the_compiled_writers_shortcuts_write_the_same_bytes(
     assert np.isfinite(arr).all()
     a, b = _both(monkeypatch, lambda: bytes(encode.numbers(arr)))
     assert a == b == orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    # one at a time: the values a block's two-lane test leaves to the scalar one
+    one, _ = _both(
+        monkeypatch,
+        lambda: b",".join(bytes(encode.numbers(arr[i : i + 1])) for i in range(arr.shape[0])),
+    )
+    assert one == a
     steps = rng.integers(1, 10**11, 3000).cumsum()
     for ts in (
         (10**10 - 1500 + np.arange(3000)).astype(np.int64),  # crossing 10^10

@@ -215,6 +215,50 @@ static inline char *write_fixed6(char *p, uint32_t ip, uint32_t frac) {
     return p + 7 - zeros;
 }
 
+/* For each v: round(|v| * 10^6) when |v| is a decimal of at most six fractional digits
+   in [1, 10^8) that reads back as |v| (short_decimal's test, positional range), else -1.
+   A loop of its own without branches, so its long chain of rounding, conversion and
+   division per value runs for many values at once instead of stalling each write
+   (1M short decimals on this machine: JSON 11.7 -> 8.1 ms, CSV lines 18.1 -> 14.2). Adding 2^52 rounds to an integer held in the
+   low mantissa bits (a * 10^6 < 2^52 wherever the test can pass); round-half-even
+   and short_decimal's round-half-up differ only at halves, which fail the test. */
+#define SHORT_BLOCK 256
+static void positional6(const double *v, Py_ssize_t n, int64_t *m) {
+    const double two52 = 4503599627370496.0;
+    Py_ssize_t i = 0;
+#if defined(__GNUC__)
+    /* two lanes at a time (SSE2 on any x86-64; GCC 12 does not vectorise the loop below,
+       and this measured ~3 % faster than it) */
+    typedef double v2d __attribute__((vector_size(16)));
+    typedef int64_t v2i __attribute__((vector_size(16)));
+    for (; i + 2 <= n; i += 2) {
+        v2d x;
+        memcpy(&x, v + i, 16);
+        v2d a = (v2d)((v2i)x & 0x7FFFFFFFFFFFFFFFLL);
+        v2d t = a * 1e6 + two52;
+        v2d r = t - two52;
+        v2i ok = (r / 1e6 == a) & (r >= 1e6) & (r < 1e14);
+        v2i out = (((v2i)t - 0x4330000000000000LL) & ok) | ~ok;
+        memcpy(m + i, &out, 16);
+    }
+#endif
+    for (; i < n; i++) {
+        double a = fabs(v[i]);
+        double t = a * 1e6 + two52;
+        double r = t - two52;
+        int64_t bits;
+        memcpy(&bits, &t, 8);
+        int ok = (r / 1e6 == a) & (r >= 1e6) & (r < 1e14);
+        m[i] = ok ? bits - 0x4330000000000000LL : -1;
+    }
+}
+
+/* A value positional6 found: sign and fixed digits. */
+static inline char *write_positional(char *p, double v, int64_t m) {
+    if (signbit(v)) *p++ = '-';
+    return write_fixed6(p, (uint32_t)(m / 1000000), (uint32_t)(m % 1000000));
+}
+
 /* v (finite) as orjson writes it; returns the end. At most 24 bytes, and it may
    write garbage up to 48 bytes past the end (the callers leave that room). */
 static char *write_double(char *p, double v) {
@@ -439,14 +483,22 @@ static PyObject *json_numbers(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     if (floats) {
         const double *v = b.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (isfinite(v[i])) {
-                p = write_double(p, v[i]);
-            } else {
-                memcpy(p, "null", 4);
-                p += 4;
+        int64_t m[SHORT_BLOCK];
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += SHORT_BLOCK) {
+            Py_ssize_t k = n - i0 < SHORT_BLOCK ? n - i0 : SHORT_BLOCK;
+            positional6(v + i0, k, m);
+            for (Py_ssize_t j = 0; j < k; j++) {
+                double x = v[i0 + j];
+                if (m[j] >= 0) {
+                    p = write_positional(p, x, m[j]);
+                } else if (isfinite(x)) {
+                    p = write_double(p, x);
+                } else {
+                    memcpy(p, "null", 4);
+                    p += 4;
+                }
+                *p++ = ',';
             }
-            *p++ = ',';
         }
     } else {
         /* Timestamps in ns share their leading digits with their neighbours: the digits
@@ -519,23 +571,29 @@ static PyObject *csv_lines(PyObject *Py_UNUSED(module), PyObject *args) {
     int short_prefix = plen <= (Py_ssize_t)sizeof head;
     if (short_prefix) memcpy(head, prefix, (size_t)plen);
     Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (short_prefix) /* (garbage past plen is overwritten; the buffer has 64 bytes of room) */
-            memcpy(p, head, sizeof head);
-        else
-            memcpy(p, prefix, (size_t)plen);
-        p += plen;
-        p = iso ? write_iso_cached(p, t[i], &mc) : write_i64(p, t[i]);
-        *p++ = ',';
-        if (!isnan(v[i])) {
-            char *start = p;
-            p = write_double(p, v[i]);
-            if (p - start > max_len) {
-                refuse = 1;
-                break;
+    int64_t m[SHORT_BLOCK];
+    for (Py_ssize_t i0 = 0; i0 < n && !refuse; i0 += SHORT_BLOCK) {
+        Py_ssize_t k = n - i0 < SHORT_BLOCK ? n - i0 : SHORT_BLOCK;
+        positional6(v + i0, k, m);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t i = i0 + j;
+            if (short_prefix) /* (garbage past plen is overwritten; 64 bytes of room) */
+                memcpy(p, head, sizeof head);
+            else
+                memcpy(p, prefix, (size_t)plen);
+            p += plen;
+            p = iso ? write_iso_cached(p, t[i], &mc) : write_i64(p, t[i]);
+            *p++ = ',';
+            if (!isnan(v[i])) {
+                char *start = p;
+                p = m[j] >= 0 ? write_positional(p, v[i], m[j]) : write_double(p, v[i]);
+                if (p - start > max_len) {
+                    refuse = 1;
+                    break;
+                }
             }
+            *p++ = '\n';
         }
-        *p++ = '\n';
     }
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&tb);
