@@ -148,11 +148,12 @@ def test_the_compiled_writers_shortcuts_write_the_same_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """csrc/encode.c takes shortcuts for what sensors send: short decimals (their digits
-    without Schubfach), timestamps sharing leading digits, times within one minute. The
-    same bytes as orjson and the numpy code on each shortcut's edges: decimals of 0 to 8
-    places at every magnitude around the shortcut's bounds (1, 10^8, 10^9) and the
-    doubles next to them, timestamps that cross 10^10 and change their leading digits at
-    every step, and times across minutes, days and 1970."""
+    without Schubfach), timestamps sharing leading digits, times within one minute and
+    on whole seconds. The same bytes as orjson and the numpy code on each shortcut's
+    edges: decimals of 0 to 8 places at every magnitude around the shortcut's bounds (1,
+    10^8, 10^9) and the doubles next to them, timestamps that cross 10^10 and change
+    their leading digits at every step, and times across minutes, days and 1970, on
+    whole seconds and between."""
     rng = np.random.default_rng(17)
     vals = []
     for places in range(9):
@@ -198,6 +199,8 @@ def test_the_compiled_writers_shortcuts_write_the_same_bytes(
     v = arr[:3000]
     for ts in (
         (1_764_547_140 * SECOND + np.arange(3000) * 997_000_001).astype(np.int64),  # minutes
+        # whole seconds (a pusher's default stamps) beside half seconds
+        (1_764_547_140 * SECOND + rng.integers(1, 3, 3000).cumsum() * SECOND // 2),
         (-5 * 86400 * SECOND + np.arange(3000) * 61 * 7919 * 10**6).astype(np.int64),  # 1970
         np.sort(rng.integers(-(2**62), 2**62, 3000)),
     ):

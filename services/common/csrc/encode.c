@@ -425,6 +425,10 @@ static inline char *write_iso_cached(char *p, int64_t t, MinuteCache *mc) {
     }
     memcpy(p, mc->text, 17);
     memcpy(p + 17, DIGITS2 + 2 * s, 2);
+    if (frac == 0) { /* readings on whole seconds (most sensors): no digits to work out */
+        memcpy(p + 19, ".000000000Z", 11);
+        return p + 30;
+    }
     p[19] = '.';
     p[20] = (char)('0' + frac / 100000000);
     write8(p + 21, (uint32_t)(frac % 100000000));
