@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
 import ctypes
 import ctypes.util
@@ -184,6 +185,27 @@ def stream_slices(probe_readings: int, probe_ns: int, rest_ns: int, count: int, 
     if account is not None and _long(rest_ns, ahead):
         return min(1 << 16, max(count, int(expected // _slice_points(account, ahead)) + 1))
     return max(1, min(count, int(expected // MIN_SLICE_READINGS)))
+
+
+def snap(bounds: list[int], cuts: list[int]) -> list[int]:
+    """Slice ``bounds`` (ascending; the first and last stay) each moved to the nearest of
+    ``cuts`` (ascending) within a quarter of the narrower slice beside it, so a slice
+    begins where a stored block does and no block is decoded by two slices; a bound
+    with no cut that near stays. A slice grows by at most half: the slices in flight
+    stay within the budget :func:`_slice_points` gave them half of."""
+    if not cuts or len(bounds) < 3:
+        return bounds
+    out = [bounds[0]]
+    for prev, b, nxt in zip(bounds, bounds[1:], bounds[2:], strict=False):
+        reach = min(b - prev, nxt - b) // 4
+        i = bisect.bisect_left(cuts, b)
+        near = [c for c in cuts[max(0, i - 1) : i + 1] if abs(c - b) <= reach]
+        c = min(near, key=lambda c: abs(c - b)) if near else b
+        if c > out[-1]:
+            out.append(c)
+    if bounds[-1] > out[-1]:
+        out.append(bounds[-1])
+    return out
 
 
 DEFAULT_HELD_BYTES = 64 << 20

@@ -76,6 +76,13 @@ class Reader:
             return await self.storage.read(name, start_ns, end_ns)
         return await limits.read_within(self.storage, name, start_ns, end_ns)
 
+    async def cut_points(self, name: str, start_ns: int, end_ns: int) -> list[int]:
+        """Where a stored sensor's blocks begin in ``(start_ns, end_ns)``
+        (``storage.cut_points``); none for a virtual sensor, evaluated at any cut."""
+        if self.virtual is not None and await self.catalog.virtual(name) is not None:
+            return []
+        return await self.storage.cut_points(name, start_ns, end_ns)
+
     async def resolve(self, spec: Spec) -> list[str]:
         """The sensors a specification names; NotFoundError when there are none."""
         if spec.has_wildcard:

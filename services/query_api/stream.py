@@ -92,9 +92,13 @@ async def encoded(
         return len(raw), await loop.run_in_executor(_encoders(), work)
 
     probe = limits.probe_end(start_ns, end_ns, AHEAD)
+    cuts: list[int] = []
     if probe is None:
         count = 1
     else:
+        # slices begin where stored blocks do: a cut inside one decodes it twice
+        cuts = await reader.cut_points(spec.sensor, start_ns, end_ns)
+        probe = limits.snap([start_ns, probe, end_ns], cuts)[1]
         n, first = await job(start_ns, probe)
         count = limits.stream_slices(n, probe - start_ns, end_ns - probe, count, AHEAD)
         on_points(n)
@@ -103,7 +107,7 @@ async def encoded(
         start_ns = probe
     bounds = np.unique(np.linspace(start_ns, end_ns, count + 1).astype(np.int64)).tolist()
     bounds[0], bounds[-1] = start_ns, end_ns
-    todo = itertools.pairwise(bounds)
+    todo = itertools.pairwise(limits.snap(bounds, cuts))
     pending: deque[asyncio.Future[tuple[int, T]]] = deque()
 
     def more() -> None:

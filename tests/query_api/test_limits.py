@@ -8,6 +8,7 @@ to record which ranges were read.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common.readings import Batch, Series
 from services.common.storage.base import StorageBackend
@@ -211,6 +214,36 @@ def test_a_streamed_answer_is_cut_into_as_many_slices_as_pay_for_themselves() ->
         assert dense > count and dense * per_slice >= 63 * 10**8
     finally:
         limits._account.reset(token)
+
+
+def test_slices_begin_where_stored_blocks_do() -> None:
+    """Each inner bound moves to the nearest cut within a quarter of the narrower slice
+    beside it; the ends stay; a bound with no cut that near stays."""
+    from services.query_api import limits
+
+    assert limits.snap([0, 100, 200, 300], []) == [0, 100, 200, 300]
+    assert limits.snap([0, 100, 200, 300], [90, 130, 226]) == [0, 90, 200, 300]
+    assert limits.snap([0, 100, 200, 300], [-5, 0, 104, 196, 300, 400]) == [0, 104, 196, 300]
+    assert limits.snap([0, 100], [50]) == [0, 100]
+    assert limits.snap([0, 10, 1000], [3, 12, 500]) == [0, 12, 1000]  # the probe: reach 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 10**6), min_size=1, max_size=20),
+    cuts=st.lists(st.integers(-(10**6), 3 * 10**7), max_size=60),
+)
+def test_snapped_slices_keep_their_order_and_size(widths: list[int], cuts: list[int]) -> None:
+    from services.query_api import limits
+
+    bounds = np.cumsum([0, *widths]).tolist()
+    got = limits.snap(bounds, sorted(set(cuts)))
+    assert got[0] == bounds[0] and got[-1] == bounds[-1]
+    assert all(a < b for a, b in itertools.pairwise(got))
+    assert len(got) == len(bounds)
+    assert all(b in cuts or b in bounds for b in got)
+    for (a, b), (c, d) in zip(itertools.pairwise(bounds), itertools.pairwise(got), strict=True):
+        assert d - c <= (b - a) * 3 // 2, (bounds, got)
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])

@@ -115,6 +115,15 @@ class StorageBackend(ABC):
         requested name is a key of the result (empty series when unknown)."""
         return {s: await self.read(s, start_ns, end_ns) for s in sensors}
 
+    async def cut_points(self, sensor: str, start_ns: int, end_ns: int) -> list[int]:
+        """Times in ``(start_ns, end_ns)`` at which stored blocks of ``sensor`` begin, in
+        order: a range read in slices cut there decodes each block once (where blocks do
+        not overlap). Empty where the backend keeps no such blocks (the caller then cuts
+        where it likes).
+
+        Optional: backends that read any cut at the same cost keep this default."""
+        return []
+
     @abstractmethod
     async def latest(self, sensor: str) -> tuple[int, float] | None:
         """The newest stored reading of a sensor, or None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 
@@ -73,6 +74,26 @@ async def test_batch_of_100k_readings(backend: StorageBackend) -> None:
     for name, s in got.items():
         i = names.index(name)
         assert_series(s, at(*range(per)), vs[i * per : (i + 1) * per])
+
+
+async def test_cut_points_split_a_range_into_reads_of_the_same_readings(
+    backend: StorageBackend,
+) -> None:
+    """Whatever blocks a backend names, they lie inside the range in order, and reading
+    the slices between them gives exactly the one read of the range."""
+    ts = at(*range(0, 3000, 3))
+    await backend.write(Batch.single("/cut/s", ts, ts.astype(np.float64)))
+    if hasattr(backend, "compact"):
+        await backend.compact()
+    start, end = T0 + S, T0 + 2500 * S
+    cuts = await backend.cut_points("/cut/s", start, end)
+    assert all(start < c < end for c in cuts) and cuts == sorted(set(cuts))
+    assert await backend.cut_points("/cut/unknown", start, end) == []
+    bounds = [start, *cuts, end]
+    parts = [await backend.read("/cut/s", a, b) for a, b in itertools.pairwise(bounds)]
+    whole = await backend.read("/cut/s", start, end)
+    assert np.concatenate([p.timestamps_ns for p in parts]).tolist() == whole.timestamps_ns.tolist()
+    assert len(whole) == 833
 
 
 NAMES = [

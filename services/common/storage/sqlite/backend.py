@@ -47,6 +47,7 @@ from services.common.storage.sqlite import virtual as vir
 from services.common.storage.sqlite.reader import (
     StagedCache,
     chunk_pieces,
+    chunk_starts,
     modified_since,
     newest_ts,
     staged_pieces,
@@ -295,6 +296,16 @@ class SqliteStorage(StorageBackend):
         )
         self.metrics.read_points.labels(self.kind).inc(sum(len(s) for s in out.values()))
         return out
+
+    async def cut_points(self, sensor: str, start_ns: int, end_ns: int) -> list[int]:
+        """Where the sensor's chunks begin: a slice that starts at one decodes no chunk
+        its neighbour decodes too (each cut inside a chunk costs decoding it twice)."""
+
+        def q(con: sqlite3.Connection) -> list[int]:
+            found = self.store.sensor_id(con, sensor)
+            return [] if found is None else chunk_starts(con, found[0], start_ns, end_ns)
+
+        return await self._read("cut_points", q)
 
     async def latest(self, sensor: str) -> tuple[int, float] | None:
         def q(con: sqlite3.Connection) -> tuple[int, float] | None:

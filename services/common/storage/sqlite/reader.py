@@ -96,6 +96,17 @@ def chunk_pieces(
     return pieces
 
 
+def chunk_starts(con: sqlite3.Connection, sid: int, start_ns: int, end_ns: int) -> list[int]:
+    """First times of the sensor's chunks that begin inside ``(start, end)``, in order."""
+    return [
+        int(t0)
+        for (t0,) in con.execute(
+            "SELECT DISTINCT t0 FROM chunks WHERE sid=? AND t0 > ? AND t0 < ? ORDER BY t0",
+            (sid, start_ns, end_ns),
+        )
+    ]
+
+
 def staged_pieces(
     staged: Sequence[StagedRow], sids: Int64Array, start_ns: int, end_ns: int
 ) -> dict[int, list[Piece]]:

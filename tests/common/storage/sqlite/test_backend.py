@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from services.common.readings import Batch, Series
 from services.common.storage.settings import SqliteSettings
 from services.common.storage.sqlite import SqliteStorage
 from services.common.storage.sqlite.schema import SCHEMA_VERSION, TABLES_V1
+from tests.support.chunks import count_decodes
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -118,6 +120,30 @@ async def test_chunks_seal_and_compress(tmp_path: Path) -> None:
     s = await backend.read("/s", 0, 1000)
     assert s.timestamps_ns.tolist() == list(range(300))
     s.values[0] = 1.0  # results are ordinary writable arrays
+    await backend.close()
+
+
+async def test_cut_points_are_where_chunks_begin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunk starts (sealed or open) strictly inside the range; none for an unknown
+    sensor. Slices cut there decode each chunk once and read the same as one read."""
+    backend = small(tmp_path / "k.sqlite", seal=100, fanout=4, writes=1)
+    await backend.open()
+    for k in range(30):
+        ts = np.arange(k * 10, k * 10 + 10)
+        await backend.write(Batch.single("/s", ts, ts * 0.5))
+    await backend.write(Batch.single("/open", np.array([5]), np.array([1.0])))
+    assert await backend.cut_points("/s", 0, 1000) == [100, 200]
+    assert await backend.cut_points("/s", 100, 250) == [200]
+    assert await backend.cut_points("/s", 201, 1000) == []
+    assert await backend.cut_points("/unknown", 0, 1000) == []
+    assert await backend.cut_points("/open", 0, 1000) == [5]
+    decoded = count_decodes(monkeypatch)
+    parts = [await backend.read("/s", lo, hi) for lo, hi in itertools.pairwise([0, 100, 200, 1000])]
+    assert len(decoded) == 3
+    whole = await backend.read("/s", 0, 1000)
+    assert np.concatenate([p.timestamps_ns for p in parts]).tolist() == whole.timestamps_ns.tolist()
     await backend.close()
 
 
