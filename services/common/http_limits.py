@@ -11,6 +11,8 @@ holds its connection, its buffers and (with ``limit_concurrency``) a slot foreve
   connection is closed and the handler sees the client gone.
 
 While the application works on a request no deadline runs (long queries are fine).
+Large chunks of a streamed response are written without uvicorn's joined copy
+(:mod:`services.common.http_body`).
 Each expiry calls ``on_timeout(phase)`` (counted and logged by the caller). Connections
 beyond a cap are answered ``503`` and closed as they arrive (``on_refused``).
 """
@@ -22,6 +24,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from services.common.http_body import gather_large_bodies
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +118,10 @@ def guarded_protocol(
             self._arm("headers", limits.header_timeout_s)
 
         def on_headers_complete(self) -> None:
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:
+                gather_large_bodies(self.cycle)
             self._arm("body", limits.body_timeout_s)
 
         def on_message_complete(self) -> None:
