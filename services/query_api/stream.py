@@ -68,6 +68,7 @@ async def encoded(
     count: int,
     encode_slice: Callable[[Result], T],
     on_points: Callable[[int], None] = lambda n: None,
+    stored_unit: str | None = None,
 ) -> AsyncIterator[T]:
     """``encode_slice`` of each slice of a plain ``spec``'s answer, in order.
 
@@ -76,8 +77,10 @@ async def encoded(
     encoding spread over the cores, not their sum. Under a memory budget a long range is
     probed first and cut into as many slices as keep each within it
     (services/query_api/limits.py); ``on_points`` is told each slice's readings.
+    ``stored_unit`` is the sensor's unit as stored when the caller has looked it up.
     """
-    unit = await reader.catalog.unit(spec.sensor) or ""
+    unit = stored_unit if stored_unit is not None else await reader.catalog.unit(spec.sensor)
+    unit = unit or ""
     origin = start_ns
     loop = asyncio.get_running_loop()
 
@@ -135,6 +138,7 @@ async def json_body(
     end_ns: int,
     count: int,
     on_points: Callable[[int], None] = lambda n: None,
+    stored_unit: str | None = None,
 ) -> AsyncIterator[bytes | memoryview]:
     """The readings JSON object; ``head`` (an empty result) gives sensor, unit and label.
 
@@ -153,7 +157,7 @@ async def json_body(
     values = Held()  # bounded: beyond the request's budget they wait in a temporary file
     total = 0
     async for n, ts_body, vs_body in encoded(
-        reader, spec, start_ns, end_ns, count, _json_numbers, on_points
+        reader, spec, start_ns, end_ns, count, _json_numbers, on_points, stored_unit
     ):
         if n == 0:
             continue
@@ -187,6 +191,7 @@ async def csv_lines(
     count: int,
     iso: bool,
     on_points: Callable[[int], None] = lambda n: None,
+    stored_unit: str | None = None,
 ) -> AsyncIterator[bytes]:
     """DCDB CSV lines of a plain ``spec``, each slice encoded on a worker thread."""
 
@@ -201,6 +206,8 @@ async def csv_lines(
             for i in range(0, len(part), CSV_POINTS)
         ]
 
-    async for pieces in encoded(reader, spec, start_ns, end_ns, count, lines, on_points):
+    async for pieces in encoded(
+        reader, spec, start_ns, end_ns, count, lines, on_points, stored_unit
+    ):
         for piece in pieces:
             yield piece

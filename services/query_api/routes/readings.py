@@ -86,21 +86,30 @@ def router(ctx: ApiContext) -> APIRouter:
             stream.is_plain(p) and step is None and await ctx.catalog.virtual(p.sensor) is None
             for p in parsed
         ]
-        answers: list[list[Result] | tuple[Spec, Result]] = []
+        answers: list[list[Result] | tuple[Spec, Result, str]] = []
         for p, simple in zip(parsed, plain, strict=True):
             if simple:
                 # unknown sensors and impossible units fail before the body starts
                 await ctx.reader.resolve(p)
-                answers.append((p, await _empty_result(p)))
+                unit = await ctx.catalog.unit(p.sensor) or ""
+                head = apply(p, p.sensor, unit, Series.empty(p.sensor), 0, None, "avg")
+                answers.append((p, head, unit))
             else:
                 answers.append(await ctx.reader.run(p, start_ns, end_ns, step, agg))
         pieces = ctx.settings.stream_pieces
         if format == "json":
             first = answers[0]
             if isinstance(first, tuple):
-                spec, head = first
+                spec, head, unit = first
                 body = stream.json_body(
-                    ctx.reader, spec, head, start_ns, end_ns, pieces, ctx.metrics.points.inc
+                    ctx.reader,
+                    spec,
+                    head,
+                    start_ns,
+                    end_ns,
+                    pieces,
+                    ctx.metrics.points.inc,
+                    stored_unit=unit,
                 )
                 return StreamingResponse(body, media_type="application/json")
             ctx.metrics.points.inc(len(first[0]))
@@ -113,17 +122,16 @@ def router(ctx: ApiContext) -> APIRouter:
             media_type="text/csv; charset=utf-8",
         )
 
-    async def _empty_result(p: Spec) -> Result:
-        unit = await ctx.catalog.unit(p.sensor) or ""
-        return apply(p, p.sensor, unit, Series.empty(p.sensor), 0, None, "avg")
-
     async def _csv(
-        answers: list[list[Result] | tuple[Spec, Result]], start_ns: int, end_ns: int, iso: bool
+        answers: list[list[Result] | tuple[Spec, Result, str]],
+        start_ns: int,
+        end_ns: int,
+        iso: bool,
     ) -> AsyncIterator[bytes]:
         label: str | None = None
         for answer in answers:
             if isinstance(answer, tuple):
-                spec, head = answer
+                spec, head, unit = answer
                 if head.label != label:
                     label = head.label
                     yield encode.csv_header(label)
@@ -135,6 +143,7 @@ def router(ctx: ApiContext) -> APIRouter:
                     ctx.settings.stream_pieces,
                     iso,
                     ctx.metrics.points.inc,
+                    stored_unit=unit,
                 ):
                     yield chunk
                 continue
