@@ -148,8 +148,10 @@ def test_the_bridge_killed_mid_stream_loses_no_job_and_places_none_twice(idle: S
     c.wait(
         lambda: sum(j["job_state"] == "COMPLETED" for j in _of(c.jobs(), ids)) >= 3, 30, "3 done"
     )
+    killed = bridge.runs - 1  # (the bridge has served the tests before this one)
     bridge.kill()
-    held = [j for j in _of(c.jobs(), ids) if j["priority"] == 0]
+    now = c.jobs()
+    held = sorted(j for j in ids if now[j]["priority"] == 0)
     assert held, "nothing left to place after the kill"
     bridge.start(slurm_api="commands", slurm_conf=str(c.conf))  # and through scontrol this time
     jobs = idle.wait_done(ids, timeout=90)
@@ -157,8 +159,13 @@ def test_the_bridge_killed_mid_stream_loses_no_job_and_places_none_twice(idle: S
         assert jobs[job_id]["job_state"] == "COMPLETED" and jobs[job_id]["restart_cnt"] == 0
         assert idle.slurm_nodes(jobs[job_id]) == idle.kelvin_nodes(job_id)
         assert len(idle.slurm_nodes(jobs[job_id])) == size
-    releases = [j for j, a in bridge.actions() if a == "release" and j in ids]
-    assert sorted(releases) == sorted(ids), "every job released exactly once over both runs"
+    # Slurm's state at the kill says which jobs the first run released: the second run
+    # releases exactly the others, once each. (The first run's log may lack the line of
+    # a release the kill cut off right after it happened: what Slurm did is the truth.)
+    first = [j for j, a in bridge.actions(run=killed) if a == "release" and j in ids]
+    second = [j for j, a in bridge.actions(run=killed + 1) if a == "release" and j in ids]
+    assert sorted(second) == held, "the restarted bridge releases what was held, once each"
+    assert len(set(first)) == len(first) and not set(first) & set(held)
     decided = [j for j in ids if idle.allocator_job(j)["placed_by"] == "joint"]
     assert decided == ids
 

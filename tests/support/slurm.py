@@ -335,10 +335,11 @@ class Bridge:
         self.proc.send_signal(signal.SIGTERM)
         return int(self.proc.wait(30))
 
-    def actions(self) -> list[tuple[str, str]]:
-        """(job id, action) of every side effect every run of the bridge logged."""
+    def actions(self, run: int | None = None) -> list[tuple[str, str]]:
+        """(job id, action) of every side effect every run of the bridge (or run number
+        ``run``, from 0) logged."""
         found = []
-        for i in range(self.runs):
+        for i in range(self.runs) if run is None else [run]:
             for line in (self.workdir / f"bridge-{i}.log").read_text().splitlines():
                 if "slurm bridge: job " in line and ": " in line.split("slurm bridge: job ", 1)[1]:
                     job, rest = line.split("slurm bridge: job ", 1)[1].split(": ", 1)
