@@ -253,9 +253,33 @@ static void positional6(const double *v, Py_ssize_t n, int64_t *m) {
     }
 }
 
-/* A value positional6 found: sign and fixed digits. */
+/* ``ip.frac`` from x = ip * 10^4 + frac, ip in 1..9999, frac of four digits: one
+   eight-digit conversion for both, the integer's leading and the fraction's trailing
+   zeros dropped (one digit kept each), as write_fixed6 writes them. */
+static inline char *write_fixed4(char *p, uint32_t x) {
+    char tmp[16] = {0};
+    write8(tmp, x);
+    uint64_t w;
+    memcpy(&w, tmp, 8);
+    w ^= 0x3030303030303030ULL; /* zero bytes where the text has '0' (ip > 0: w != 0) */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    int lead = __builtin_clzll(w) / 8, trail = __builtin_ctzll(w) / 8;
+#else
+    int lead = __builtin_ctzll(w) / 8, trail = __builtin_clzll(w) / 8;
+#endif
+    if (trail > 3) trail = 3; /* (lead is at most three: ip >= 1) */
+    memcpy(p, tmp + lead, 4);
+    p += 4 - lead;
+    *p = '.';
+    memcpy(p + 1, tmp + 4, 4);
+    return p + 5 - trail;
+}
+
+/* A value positional6 found: sign and fixed digits (most sensors' values, below 10^4
+   with at most four decimals, in one conversion). */
 static inline char *write_positional(char *p, double v, int64_t m) {
     if (signbit(v)) *p++ = '-';
+    if (m < 10000000000LL && m % 100 == 0) return write_fixed4(p, (uint32_t)(m / 100));
     return write_fixed6(p, (uint32_t)(m / 1000000), (uint32_t)(m % 1000000));
 }
 
