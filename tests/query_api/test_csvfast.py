@@ -177,6 +177,8 @@ def test_the_compiled_writers_shortcuts_write_the_same_bytes(
             for v in (mag + digits * mag / 10**6, np.round(mag * (1 + digits / 10**6), places)):
                 vals += v.tolist()
     vals += [1.0, 1e8, 99999999.999999, 100000000.0, 999999999.999999, 1e9, 0.999999, 1.000001]
+    # the one-conversion path's edges: below 10^4 with at most four decimals
+    vals += [9999.9999, 9999.99999, 10000.0, 10000.0001, 1.0001, 1.00001, 9999.0, 1000.5]
     vals += [math.nextafter(v, d) for v in list(vals) for d in (0.0, math.inf)]
     arr = np.array(vals + [-v for v in vals])
     assert np.isfinite(arr).all()
