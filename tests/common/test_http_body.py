@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from services.common import http_body
 from services.common.http import HttpServer
 from services.common.metrics import ServiceMetrics
+from tests.support.http import serving
 
 SIZES = [300_000, 10, 65_536, 65_535, 1 << 20, 5, 6 << 20, 200_000]
 """Chunk sizes of the streamed answer: large ones gathered, small ones joined (6 MiB:
@@ -55,13 +56,10 @@ async def port() -> AsyncIterator[int]:
     async def small() -> dict[str, str]:
         return {"ok": "yes"}
 
-    server = HttpServer(app, "127.0.0.1", 0, "gathered HTTP", metrics=ServiceMetrics("g"))
-    await server.start()
-    try:
-        assert server.port is not None
-        yield server.port
-    finally:
-        await server.stop()
+    async with serving(
+        HttpServer(app, "127.0.0.1", 0, "gathered HTTP", metrics=ServiceMetrics("g"))
+    ) as port:
+        yield port
 
 
 def _get(port: int, path: str, rcvbuf: int | None = None, pause_s: float = 0.0) -> bytes:

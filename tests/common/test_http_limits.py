@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from services.common.http import HttpServer, health_router
 from services.common.http_limits import HttpLimits
 from services.common.metrics import ServiceMetrics
+from tests.support.http import serving
 
 LIMITS = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5)
 SLOW_CLIENTS = 20
@@ -34,13 +35,10 @@ async def port() -> AsyncIterator[int]:
     async def sink(request: Request) -> dict[str, int]:
         return {"bytes": len(await request.body())}
 
-    server = HttpServer(app, "127.0.0.1", 0, "limited HTTP", metrics=metrics, limits=LIMITS)
-    await server.start()
-    try:
-        assert server.port is not None
-        yield server.port
-    finally:
-        await server.stop()
+    async with serving(
+        HttpServer(app, "127.0.0.1", 0, "limited HTTP", metrics=metrics, limits=LIMITS)
+    ) as port:
+        yield port
 
 
 async def _drip(port: int, head: bytes, drip: bytes) -> bytes:
