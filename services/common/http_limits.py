@@ -11,10 +11,10 @@ holds its connection, its buffers and (with ``limit_concurrency``) a slot foreve
   connection is closed and the handler sees the client gone.
 
 While the application works on a request no deadline runs (long queries are fine).
-Large chunks of a streamed response are written without uvicorn's joined copy
-(:mod:`services.common.http_body`).
 Each expiry calls ``on_timeout(phase)`` (counted and logged by the caller). Connections
-beyond a cap are answered ``503`` and closed as they arrive (``on_refused``).
+beyond a cap are answered ``503`` and closed as they arrive (``on_refused``). The same
+protocol writes large chunks of a streamed response without uvicorn's joined copy
+(:mod:`services.common.http_body`).
 """
 
 from __future__ import annotations
