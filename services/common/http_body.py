@@ -33,6 +33,16 @@ class Tally:
 
 tally = Tally()
 
+_CYCLE_STATE = (
+    "chunked_encoding",
+    "response_started",
+    "response_complete",
+    "disconnected",
+    "flow",
+    "scope",
+)
+"""What ``send`` reads of uvicorn's cycle (0.54); a cycle without it is left alone."""
+
 
 def gather_large_bodies(cycle: Any) -> None:
     """Give uvicorn's request-response ``cycle`` a ``send`` that gathers large chunks.
@@ -44,6 +54,8 @@ def gather_large_bodies(cycle: Any) -> None:
     transport = cycle.transport
     sock = getattr(transport, "_sock", None)  # asyncio's socket transport; TLS has none
     if not isinstance(sock, socket.socket) or not hasattr(sock, "sendmsg"):
+        return
+    if not all(hasattr(cycle, a) for a in _CYCLE_STATE):  # another uvicorn: its own path
         return
     original: Callable[[Any], Awaitable[None]] = cycle.send
 

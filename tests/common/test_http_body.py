@@ -139,3 +139,25 @@ async def test_head_and_small_answers_take_uvicorns_path(port: int) -> None:
         r = await c.head(f"http://127.0.0.1:{port}/stream")
         assert r.status_code in (200, 405) and r.content == b""
     assert http_body.tally.gathered == before
+
+
+def test_a_cycle_of_another_uvicorn_keeps_its_own_send() -> None:
+    """A cycle without the state the gathered send reads (another uvicorn's, which
+    cannot run here beside this one) is left as it is; so is one over TLS (no socket)."""
+
+    class Cycle:
+        def __init__(self, transport: object) -> None:
+            self.transport = transport
+
+        async def send(self, message: object) -> None: ...
+
+    class Transport:
+        def __init__(self, sock: object) -> None:
+            self._sock = sock
+
+    with socket.socket() as sock:
+        for transport in (Transport(sock), Transport(None)):
+            cycle = Cycle(transport)
+            before = cycle.send
+            http_body.gather_large_bodies(cycle)
+            assert cycle.send == before
