@@ -275,12 +275,17 @@ static inline char *write_fixed4(char *p, uint32_t x) {
     return p + 5 - trail;
 }
 
-/* A value positional6 found: sign and fixed digits (most sensors' values, below 10^4
-   with at most four decimals, in one conversion). */
+/* m * 10^-6 (10^6 <= m < 10^14) positionally; most sensors' values, below 10^4 with
+   at most four decimals, in one conversion. */
+static inline char *write_fixed(char *p, uint64_t m) {
+    if (m < 10000000000ULL && m % 100 == 0) return write_fixed4(p, (uint32_t)(m / 100));
+    return write_fixed6(p, (uint32_t)(m / 1000000), (uint32_t)(m % 1000000));
+}
+
+/* A value positional6 found: sign and fixed digits. */
 static inline char *write_positional(char *p, double v, int64_t m) {
     if (signbit(v)) *p++ = '-';
-    if (m < 10000000000LL && m % 100 == 0) return write_fixed4(p, (uint32_t)(m / 100));
-    return write_fixed6(p, (uint32_t)(m / 1000000), (uint32_t)(m % 1000000));
+    return write_fixed(p, (uint64_t)m);
 }
 
 /* v (finite) as orjson writes it; returns the end. At most 24 bytes, and it may
@@ -300,7 +305,7 @@ static char *write_double(char *p, double v) {
     memcpy(&a, &bits, 8);
     if (short_decimal(a, &d, &k)) {
         if (d >= 1000000 && d < 100000000000000ULL) /* 1 <= a < 10^8: positional */
-            return write_fixed6(p, (uint32_t)(d / 1000000), (uint32_t)(d % 1000000));
+            return write_fixed(p, d);
     } else {
 #if HAVE_U128
         shortest(bits, &d, &k);
