@@ -57,6 +57,8 @@ def gather_large_bodies(cycle: Any) -> None:
         return
     if not all(hasattr(cycle, a) for a in _CYCLE_STATE):  # another uvicorn: its own path
         return
+    if cycle.scope["method"] == "HEAD":  # (no body goes out)
+        return
     original: Callable[[Any], Awaitable[None]] = cycle.send
 
     async def send(message: Any) -> None:
@@ -71,7 +73,6 @@ def gather_large_bodies(cycle: Any) -> None:
             and not cycle.flow.write_paused
             and not transport.is_closing()
             and transport.get_write_buffer_size() == 0
-            and cycle.scope["method"] != "HEAD"
             and _gathered(transport, sock, body)
         ):
             return
